@@ -1,0 +1,45 @@
+# kvspec: two commands do everything on a fresh machine.
+#   make audit   set up .venv, then run the conformance audit of impl/ against spec/
+#   make test    set up .venv, then run the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvspec-installed
+VLLM ?= 0.13.0
+VLLM_PYTHON ?=
+CROSSHAIR_TIMEOUT ?= 4
+
+.PHONY: setup audit test check mutants bench explore vllm-env clean
+
+setup: $(STAMP)
+
+# torch first (the CPU build on disk), so nothing later pulls a CUDA build;
+# a machine that already has a torch in the venv keeps it.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+audit: setup
+	$(VENV)/bin/kvspec audit --target impl --profile vllm-0.13
+
+test: setup
+	$(PY) -m pytest
+
+check: setup
+	$(PY) -m mypy --strict spec impl models tests benchmarks
+	$(PY) -m ruff check .
+	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) --max_uninteresting_iterations=64 spec/pool.py
+
+mutants: setup
+	$(PY) -m tests.mutants
+
+bench: setup
+	$(PY) -m benchmarks.run $(if $(VLLM_PYTHON),--vllm-python $(VLLM_PYTHON),)
+
+vllm-env:
+	bash scripts/vllm_env.sh $(VLLM)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""kvspec's fast, vLLM 0.13-compatible KV-cache block management (checked against spec/)."""

@@ -1,0 +1,457 @@
+"""BlockPool: vLLM 0.13's block pool API, laid out for batch moves (spec: spec/pool.py).
+
+Where the state lives
+---------------------
+* ref counts: ``_in_use`` is the set of blocks with ref >= 1; ``_extra_refs`` holds
+  ref - 1 for the (few) blocks shared by several requests. A request's blocks are
+  allocated and freed with one set update each instead of a loop over ref counts.
+* the free order: ``free_block_queue`` (see impl/kv_cache_utils.py).
+* keys: ``_key_of`` maps a keyed block to its key; ``cached_block_hash_to_block`` maps a
+  key to its blocks. Both empty means nothing to evict, which is checked once per call.
+* block objects are made the first time a block is handed out (``blocks`` is lazy), so a
+  pool of a million blocks costs a list of a million empty slots to build.
+
+Every input is checked before anything changes: a refused call leaves the pool as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
+from typing import TYPE_CHECKING, overload
+
+from impl.hashing import (
+    BlockHash,
+    BlockHashListWithBlockSize,
+    BlockHashWithGroupId,
+    maybe_convert_block_hash,
+)
+from impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from impl.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+if TYPE_CHECKING:
+    from impl.kv_cache_metrics import KVCacheMetricsCollector
+    from impl.request import Request
+
+logger = logging.getLogger(__name__)
+
+_GROUP_ID_SUFFIXES = tuple(gid.to_bytes(4, "big") for gid in range(256))
+
+
+class BlockPoolError(Exception):
+    """A call the pool refused; the pool is unchanged."""
+
+
+class InvalidBlockCountError(BlockPoolError, ValueError):
+    """A negative or non-integer number of blocks."""
+
+
+class NotEnoughFreeBlocksError(BlockPoolError, ValueError):
+    """More blocks were asked for than are free."""
+
+
+class BlockNotInPoolError(BlockPoolError, LookupError):
+    """A block id outside the pool, or a block object from another pool."""
+
+
+class BlockNotInUseError(BlockPoolError, ValueError):
+    """A block freed more times than it was referenced."""
+
+
+class BlockAlreadyCachedError(BlockPoolError, ValueError):
+    """A block that already has a key was asked to take another."""
+
+
+class InvalidBlockHashError(BlockPoolError, ValueError):
+    """A block hash that is not bytes, or too few hashes for the blocks to cache."""
+
+
+def _suffix(group_id: int) -> bytes:
+    if type(group_id) is int and 0 <= group_id < 256:
+        return _GROUP_ID_SUFFIXES[group_id]
+    if not isinstance(group_id, int) or not 0 <= group_id < 2**32:
+        raise InvalidBlockHashError(f"group id must be an int in [0, 2**32), got {group_id!r}")
+    return group_id.to_bytes(4, "big")
+
+
+class BlockHashToBlockMap:
+    """Prefix-cache key -> the blocks cached under it, first inserted first.
+
+    One block is stored bare; a second one under the same key turns the entry into a list.
+    The same content may be cached in several blocks (no de-duplication: block tables are
+    append-only), and lookups return the first.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, KVCacheBlock | list[KVCacheBlock]] = {}
+
+    def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
+        entry = self._cache.get(key)
+        if entry is None or type(entry) is KVCacheBlock:
+            return entry
+        return entry[0]  # type: ignore[index]
+
+    def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
+        entry = self._cache.get(key)
+        if entry is None:
+            self._cache[key] = block
+        elif type(entry) is list:
+            entry.append(block)
+        else:
+            self._cache[key] = [entry, block]  # type: ignore[list-item]
+
+    def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
+        entry = self._cache.get(key)
+        if entry is None:
+            return None
+        if type(entry) is not list:
+            if entry.block_id != block_id:  # type: ignore[union-attr]
+                return None
+            del self._cache[key]
+            return entry  # type: ignore[return-value]
+        for index, block in enumerate(entry):
+            if block.block_id == block_id:
+                del entry[index]
+                if not entry:
+                    del self._cache[key]
+                return block
+        return None
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def items(self) -> Iterator[tuple[bytes, list[KVCacheBlock]]]:
+        """Each key with its blocks, first inserted first (for audits and tests)."""
+        for key, entry in self._cache.items():
+            yield key, list(entry) if type(entry) is list else [entry]  # type: ignore[list-item]
+
+
+class _LazyBlocks(Sequence[KVCacheBlock]):
+    """``pool.blocks``: block i's object, made on first access."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPool) -> None:
+        self._pool = pool
+
+    def __len__(self) -> int:
+        return self._pool.num_gpu_blocks
+
+    @overload
+    def __getitem__(self, index: int) -> KVCacheBlock: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[KVCacheBlock]: ...
+
+    def __getitem__(self, index: int | slice) -> KVCacheBlock | list[KVCacheBlock]:
+        pool = self._pool
+        if isinstance(index, slice):
+            return [pool._block(i) for i in range(*index.indices(pool.num_gpu_blocks))]
+        if not -pool.num_gpu_blocks <= index < pool.num_gpu_blocks:
+            raise IndexError(f"block index {index} out of range for {pool.num_gpu_blocks} blocks")
+        return pool._block(index % pool.num_gpu_blocks)
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        return (self._pool._block(i) for i in range(self._pool.num_gpu_blocks))
+
+
+class BlockPool:
+    """The pool of KV-cache blocks: allocation, freeing, prefix-cache lookup and eviction."""
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        metrics_collector: KVCacheMetricsCollector | None = None,
+    ) -> None:
+        if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
+            raise InvalidBlockCountError(
+                f"num_gpu_blocks must be a positive int, got {num_gpu_blocks!r}"
+            )
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.metrics_collector = metrics_collector
+        self._objects: list[KVCacheBlock | None] = [None] * num_gpu_blocks
+        self.null_block = KVCacheBlock._owned_by(self, 0)
+        self.null_block.is_null = True
+        self._objects[0] = self.null_block
+        self.blocks: Sequence[KVCacheBlock] = _LazyBlocks(self)
+        self.free_block_queue = FreeKVCacheBlockQueue._fresh(1, num_gpu_blocks, self._materialize)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self._in_use: set[KVCacheBlock] = set()
+        self._extra_refs: Counter[KVCacheBlock] = Counter()
+        self._key_of: dict[KVCacheBlock, BlockHashWithGroupId] = {}
+        self.kv_event_queue: list[KVCacheEvent] = []
+
+    # -- block objects -------------------------------------------------------------------
+
+    def _block(self, block_id: int) -> KVCacheBlock:
+        block = self._objects[block_id]
+        if block is None:
+            block = self._objects[block_id] = KVCacheBlock._owned_by(self, block_id)
+        return block
+
+    def _materialize(self, first: int, end: int) -> list[KVCacheBlock]:
+        chunk = self._objects[first:end]
+        if chunk.count(None) == len(chunk):
+            made = [KVCacheBlock._owned_by(self, i) for i in range(first, end)]
+            self._objects[first:end] = made
+            return made
+        return [self._block(i) for i in range(first, end)]
+
+    def _ref_count(self, block: KVCacheBlock) -> int:
+        if block in self._in_use:
+            return self._extra_refs[block] + 1 if block in self._extra_refs else 1
+        return 0
+
+    def _check_owned(self, blocks: Iterable[KVCacheBlock]) -> None:
+        for block in blocks:
+            if not isinstance(block, KVCacheBlock) or block._pool is not self:
+                raise BlockNotInPoolError(f"{block!r} is not a block of this pool")
+
+    # -- prefix-cache lookup -------------------------------------------------------------
+
+    def get_cached_block(
+        self, block_hash: BlockHash, kv_cache_group_ids: list[int]
+    ) -> list[KVCacheBlock] | None:
+        """The first block cached under block_hash in each group, or None if any group misses."""
+        if type(block_hash) is not bytes:
+            raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
+        cache = self.cached_block_hash_to_block._cache
+        found = []
+        for group_id in kv_cache_group_ids:
+            entry = cache.get(block_hash + _suffix(group_id))
+            if entry is None:
+                return None
+            found.append(entry if type(entry) is KVCacheBlock else entry[0])  # type: ignore[index]
+        return found  # type: ignore[return-value]
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Key blocks[num_cached_blocks:num_full_blocks] with the request's chain hashes."""
+        if num_cached_blocks >= num_full_blocks or not self.enable_caching:
+            return
+        hashes: Sequence[BlockHash] = request.block_hashes
+        if block_size != self.hash_block_size:
+            hashes = BlockHashListWithBlockSize(request.block_hashes, self.hash_block_size,
+                                                block_size)
+        if num_cached_blocks < 0 or num_full_blocks > min(len(blocks), len(hashes)):
+            raise InvalidBlockHashError(
+                f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}) of "
+                f"{len(blocks)} blocks with {len(hashes)} block hashes"
+            )
+        suffix = _suffix(kv_cache_group_id)
+        null, key_of = self.null_block, self._key_of
+        new_blocks = blocks[num_cached_blocks:num_full_blocks]
+        new_hashes = hashes[num_cached_blocks:num_full_blocks]
+        pairs = [(b, h) for b, h in zip(new_blocks, new_hashes, strict=True) if b is not null]
+        self._check_owned(b for b, _ in pairs)
+        for block, block_hash in pairs:
+            if block in key_of:
+                raise BlockAlreadyCachedError(
+                    f"block {block.block_id} already has a key {key_of[block]!r}"
+                )
+            if type(block_hash) is not bytes:
+                raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
+        if len({id(b) for b, _ in pairs}) != len(pairs):
+            raise BlockAlreadyCachedError(
+                f"a block appears twice in {[b.block_id for b, _ in pairs]}"
+            )
+        cache = self.cached_block_hash_to_block._cache
+        for block, block_hash in pairs:
+            key = BlockHashWithGroupId(block_hash + suffix)
+            key_of[block] = key
+            entry = cache.get(key)
+            if entry is None:
+                cache[key] = block
+            elif type(entry) is list:
+                entry.append(block)
+            else:
+                cache[key] = [entry, block]  # type: ignore[list-item]
+        if self.enable_kv_cache_events and pairs:
+            lora = getattr(request, "lora_request", None)
+            parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
+            self.kv_event_queue.append(BlockStored(
+                block_hashes=[maybe_convert_block_hash(h) for _, h in pairs],
+                parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
+                token_ids=list(request.all_token_ids[
+                    num_cached_blocks * block_size : num_full_blocks * block_size]),
+                block_size=block_size,
+                lora_id=None if lora is None else lora.adapter_id,
+                medium=MEDIUM_GPU,
+            ))
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take num_blocks from the head of the free queue, evicting their keys; ref 0 -> 1."""
+        if type(num_blocks) is not int or num_blocks < 0:
+            raise InvalidBlockCountError(
+                f"num_blocks must be a non-negative int, got {num_blocks!r}"
+            )
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        if self._key_of and not self._key_of.keys().isdisjoint(blocks):
+            for block in blocks:
+                if block in self._key_of:
+                    self._evict(block)
+        collector = self.metrics_collector
+        if collector is not None:
+            for block in blocks:
+                if self.enable_caching:
+                    collector.on_block_evicted(block)
+                collector.on_block_allocated(block)
+        self._in_use.update(blocks)
+        return blocks
+
+    def _evict(self, block: KVCacheBlock) -> bool:
+        key = self._key_of.pop(block, None)
+        if key is None:
+            return False
+        self.cached_block_hash_to_block.pop(key, block.block_id)
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(BlockRemoved(
+                block_hashes=[maybe_convert_block_hash(BlockHash(key[:-4]))], medium=MEDIUM_GPU
+            ))
+        return True
+
+    def touch(self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock]) -> None:
+        """A prefix-cache hit: free blocks leave the free queue, every ref count + 1.
+
+        Takes vLLM 0.13's tuple of per-group block lists, or one flat list (0.33).
+        """
+        flat: list[KVCacheBlock] = (
+            list(blocks) if not blocks or isinstance(blocks[0], KVCacheBlock)  # type: ignore[arg-type]
+            else list(chain.from_iterable(blocks))  # type: ignore[arg-type]
+        )
+        null = self.null_block
+        if null in flat:
+            flat = [b for b in flat if b is not null]
+        in_use = self._in_use
+        if in_use.issuperset(flat):
+            self._extra_refs.update(flat)
+        else:
+            self._touch_some_free(flat)
+        if self.metrics_collector is not None:
+            for block in flat:
+                self.metrics_collector.on_block_accessed(block)
+
+    def _touch_some_free(self, flat: list[KVCacheBlock]) -> None:
+        self._check_owned(flat)
+        in_use, queue = self._in_use, self.free_block_queue
+        leaving = [b for b in dict.fromkeys(flat) if b not in in_use]
+        for block in leaving:  # find them all before removing any
+            queue._find(block)
+        for block in leaving:
+            queue.remove(block)
+        in_use.update(leaving)
+        self._extra_refs.update(flat)
+        self._extra_refs.subtract(leaving)
+        for block in leaving:
+            if not self._extra_refs[block]:
+                del self._extra_refs[block]
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Ref - 1 for each block; blocks reaching 0 go to the free queue's tail in order."""
+        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        null = self.null_block
+        if null in blocks:
+            blocks = [b for b in blocks if b is not null]
+        in_use, extra = self._in_use, self._extra_refs
+        if not in_use.issuperset(blocks):
+            self._check_owned(blocks)
+            stranger = next(b for b in blocks if b not in in_use)
+            raise BlockNotInUseError(f"block {stranger.block_id} is freed with ref count 0")
+        if extra and not extra.keys().isdisjoint(blocks):
+            self._free_some_shared(blocks)
+            return
+        before = len(in_use)
+        in_use.difference_update(blocks)
+        if before - len(in_use) != len(blocks):  # a block listed twice
+            in_use.update(blocks)
+            self._free_some_shared(blocks)
+            return
+        self.free_block_queue.append_n(blocks)
+
+    def _free_some_shared(self, blocks: list[KVCacheBlock]) -> None:
+        extra = self._extra_refs
+        remaining: dict[KVCacheBlock, int] = {}
+        zeroed = []
+        for block in blocks:
+            refs = remaining[block] if block in remaining else self._ref_count(block)
+            if refs == 0:
+                raise BlockNotInUseError(f"block {block.block_id} is freed with ref count 0")
+            remaining[block] = refs - 1
+            if refs == 1:
+                zeroed.append(block)
+        for block, refs in remaining.items():
+            if refs == 0:
+                self._in_use.discard(block)
+            if refs <= 1:
+                extra.pop(block, None)
+            else:
+                extra[block] = refs - 1
+        self.free_block_queue.append_n(zeroed)
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Drop the keys of the given blocks (ascending ids); ref counts and the queue stay."""
+        ids = sorted(block_ids)
+        for block_id in ids:
+            if type(block_id) is not int or not 0 <= block_id < self.num_gpu_blocks:
+                raise BlockNotInPoolError(
+                    f"block id {block_id!r} is outside the pool of {self.num_gpu_blocks} blocks"
+                )
+        for block_id in ids:
+            block = self._objects[block_id]
+            if block is not None:
+                if self.metrics_collector is not None:
+                    self.metrics_collector.on_block_evicted(block)
+                self._evict(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached key; refused (False) while any block but the null one is in use."""
+        num_used = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used != 1:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet",
+                num_used - 1,
+            )
+            return False
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self._key_of.clear()
+        if self.metrics_collector is not None:
+            self.metrics_collector.reset()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    # -- accounting ----------------------------------------------------------------------
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        total = self.num_gpu_blocks - 1
+        if total == 0:
+            return 0.0
+        return 1.0 - self.free_block_queue.num_free_blocks / total
+
+    def take_events(self) -> list[KVCacheEvent]:
+        if not self.enable_kv_cache_events:
+            return []
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events

@@ -1,0 +1,313 @@
+"""KV-cache blocks, the free-block queue, and (re-exported) prefix hashing.
+
+The fast free queue
+-------------------
+vLLM links every block into an intrusive doubly linked list: one Python object and two
+pointers per block, walked one block at a time. Here the free order is a plain list of
+block objects read from a head index, so a request's blocks move in and out with single
+C-level slice and extend calls:
+
+* ``_entries[_head - _base:]`` is the free order after the *fresh run* (see below);
+  ``_base`` is the absolute position of ``_entries[0]`` and ``_head`` that of the next
+  entry to reuse. Positions only grow, so a remembered position stays meaningful.
+* ``remove(block)`` (a cache hit on a free block) writes ``None`` over the block's entry,
+  a hole that ``popleft_n`` skips. Positions are indexed lazily (``_where``), only when a
+  removal needs one, so workloads without hits never pay for the index.
+* The *fresh run* ``[_fresh_next, _fresh_end)`` is the ids never handed out yet, which
+  always sit at the head: a pool of a million blocks starts as two integers, and block
+  objects are created the first time a block is allocated.
+
+The order is exactly the linked list's: head first, appends at the tail, removal in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from impl.hashing import (
+    BlockHash,
+    BlockHashListWithBlockSize,
+    BlockHashWithGroupId,
+    ExternalBlockHash,
+    generate_block_hash_extra_keys,
+    get_block_hash,
+    get_group_id,
+    get_hash_fn_by_name,
+    get_request_block_hasher,
+    hash_block_tokens,
+    init_none_hash,
+    make_block_hash_with_group_id,
+    maybe_convert_block_hash,
+    need_extra_keys,
+)
+
+if TYPE_CHECKING:
+    from impl.block_pool import BlockPool
+
+BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
+
+__all__ = [
+    "BlockHash",
+    "BlockHashList",
+    "BlockHashListWithBlockSize",
+    "BlockHashWithGroupId",
+    "BlockNotFreeError",
+    "ExternalBlockHash",
+    "FreeKVCacheBlockQueue",
+    "KVCacheBlock",
+    "NoFreeBlocksError",
+    "generate_block_hash_extra_keys",
+    "get_block_hash",
+    "get_group_id",
+    "get_hash_fn_by_name",
+    "get_request_block_hasher",
+    "hash_block_tokens",
+    "init_none_hash",
+    "make_block_hash_with_group_id",
+    "maybe_convert_block_hash",
+    "need_extra_keys",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # NONE_HASH is rebound by init_none_hash: read it from impl.hashing at access time.
+    if name == "NONE_HASH":
+        import impl.hashing
+
+        return impl.hashing.NONE_HASH
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class NoFreeBlocksError(ValueError):
+    """More blocks were asked of the free queue than it holds."""
+
+
+class BlockNotFreeError(LookupError):
+    """A block that is not in the free queue was asked to leave it."""
+
+
+class BlockOwnershipError(AttributeError):
+    """A pool block's ref count or hash was written directly instead of through its pool."""
+
+
+class KVCacheBlock:
+    """One KV-cache block's metadata.
+
+    A block made by a ``BlockPool`` is a thin handle: its ref count and hash are read from
+    the pool, which owns them. A block made directly (``KVCacheBlock(3)``) keeps its own,
+    as vLLM's dataclass does.
+    """
+
+    __slots__ = ("_block_hash", "_pool", "_ref_cnt", "block_id", "is_null")
+
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        _block_hash: BlockHashWithGroupId | None = None,
+        is_null: bool = False,
+    ) -> None:
+        self.block_id = block_id
+        self._ref_cnt = ref_cnt
+        self._block_hash = _block_hash
+        self.is_null = is_null
+        self._pool: BlockPool | None = None
+
+    @classmethod
+    def _owned_by(cls, pool: BlockPool, block_id: int) -> KVCacheBlock:
+        block = cls.__new__(cls)
+        block.block_id = block_id
+        block.is_null = False
+        block._pool = pool
+        return block
+
+    @property
+    def ref_cnt(self) -> int:
+        pool = self._pool
+        return self._ref_cnt if pool is None else pool._ref_count(self)
+
+    @ref_cnt.setter
+    def ref_cnt(self, value: int) -> None:
+        if self._pool is not None:
+            raise BlockOwnershipError(
+                f"block {self.block_id}'s ref count belongs to its BlockPool; use "
+                f"touch/free_blocks instead of setting ref_cnt={value!r}"
+            )
+        self._ref_cnt = value
+
+    @property
+    def block_hash(self) -> BlockHashWithGroupId | None:
+        pool = self._pool
+        return self._block_hash if pool is None else pool._key_of.get(self)
+
+    @block_hash.setter
+    def block_hash(self, block_hash: BlockHashWithGroupId) -> None:
+        if self._pool is not None:
+            raise BlockOwnershipError(
+                f"block {self.block_id}'s hash belongs to its BlockPool; use cache_full_blocks"
+            )
+        if self._block_hash is not None:
+            raise ValueError(f"block {self.block_id} already has a hash: {self._block_hash!r}")
+        self._block_hash = block_hash
+
+    def reset_hash(self) -> None:
+        if self._pool is not None:
+            raise BlockOwnershipError(
+                f"block {self.block_id}'s hash belongs to its BlockPool; use evict_blocks"
+            )
+        self._block_hash = None
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"block_hash={self.block_hash!r}, is_null={self.is_null})"
+        )
+
+
+class FreeKVCacheBlockQueue:
+    """The free blocks in eviction order: the head is reused first (LRU).
+
+    Same operations and order as vLLM's linked list; see the module docstring for the layout.
+    """
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self._entries: list[KVCacheBlock | None] = list(blocks)
+        self._base = 0
+        self._head = 0
+        self._num_holes = 0
+        self._where: dict[KVCacheBlock | None, int] = {}
+        self._indexed_to = 0
+        self._fresh_next = 0
+        self._fresh_end = 0
+        self._materialize: Callable[[int, int], list[KVCacheBlock]] | None = None
+        self.num_free_blocks = len(blocks)
+
+    @classmethod
+    def _fresh(
+        cls, first: int, end: int, materialize: Callable[[int, int], list[KVCacheBlock]]
+    ) -> FreeKVCacheBlockQueue:
+        """A queue of the never-used ids [first, end), whose blocks ``materialize`` makes."""
+        queue = cls([])
+        queue._fresh_next, queue._fresh_end = first, end
+        queue._materialize = materialize
+        queue.num_free_blocks = end - first
+        return queue
+
+    # -- taking blocks out ---------------------------------------------------------------
+
+    def popleft(self) -> KVCacheBlock:
+        if self.num_free_blocks == 0:
+            raise NoFreeBlocksError("No free blocks available")
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        if not 0 <= n <= self.num_free_blocks:
+            raise NoFreeBlocksError(
+                f"cannot pop {n} blocks from a free queue of {self.num_free_blocks}"
+            )
+        if n == 0:
+            return []
+        self.num_free_blocks -= n
+        fresh: list[KVCacheBlock] | None = None
+        first = self._fresh_next
+        if first < self._fresh_end:
+            assert self._materialize is not None
+            last = min(first + n, self._fresh_end)
+            fresh = self._materialize(first, last)
+            self._fresh_next = last
+            n -= last - first
+            if n == 0:
+                return fresh
+        entries = self._entries
+        start = self._head - self._base
+        stop = start + n
+        taken = entries[start:stop]
+        if self._num_holes:
+            holes = taken.count(None)
+            while holes:
+                self._num_holes -= holes
+                taken = [block for block in taken if block is not None]
+                more = entries[stop : stop + holes]
+                stop += holes
+                taken += more
+                holes = more.count(None)
+        self._head = self._base + stop
+        if stop > 1024 and stop > len(entries) >> 1:
+            del entries[:stop]
+            self._base = self._head
+        out: list[KVCacheBlock] = taken  # type: ignore[assignment]  # holes filtered above
+        return out if fresh is None else fresh + out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        position = self._where.get(block)
+        if (
+            position is None
+            or position < self._head
+            or self._entries[position - self._base] is not block
+        ):
+            position = self._find(block)
+        self._entries[position - self._base] = None
+        self._num_holes += 1
+        self.num_free_blocks -= 1
+        if self._num_holes > 64 and self._num_holes > self.num_free_blocks:
+            self._squeeze_holes()
+
+    def _find(self, block: KVCacheBlock) -> int:
+        """The absolute position of a free block, indexing entries not indexed yet."""
+        if self._fresh_next <= block.block_id < self._fresh_end:
+            self._spill_fresh_run()
+        entries, base = self._entries, self._base
+        start = max(self._indexed_to, self._head)
+        tail = base + len(entries)
+        if start < tail:
+            self._where.update(zip(entries[start - base :], range(start, tail), strict=True))
+            self._indexed_to = tail
+        position = self._where.get(block)
+        if position is None or position < self._head or entries[position - base] is not block:
+            raise BlockNotFreeError(f"block {block.block_id} is not in the free queue")
+        return position
+
+    def _spill_fresh_run(self) -> None:
+        """Turn the fresh run into ordinary entries (only a hit on a never-used block needs it)."""
+        assert self._materialize is not None
+        fresh = self._materialize(self._fresh_next, self._fresh_end)
+        self._fresh_next = self._fresh_end
+        live = self._entries[self._head - self._base :]
+        self._entries[:] = [*fresh, *live]
+        self._restart_positions()
+
+    def _squeeze_holes(self) -> None:
+        live = self._entries[self._head - self._base :]
+        self._entries[:] = [block for block in live if block is not None]
+        self._num_holes = 0
+        self._restart_positions()
+
+    def _restart_positions(self) -> None:
+        self._base = self._head
+        self._where.clear()
+        self._indexed_to = self._base
+
+    # -- putting blocks back -------------------------------------------------------------
+
+    def append(self, block: KVCacheBlock) -> None:
+        self._entries.append(block)
+        self.num_free_blocks += 1
+
+    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        self._entries.extend(blocks)
+        self.num_free_blocks += len(blocks)
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Every free block, head first. Costs O(free); meant for tests and audits."""
+        fresh: list[KVCacheBlock] = []
+        if self._fresh_next < self._fresh_end:
+            assert self._materialize is not None
+            fresh = self._materialize(self._fresh_next, self._fresh_end)
+        live = self._entries[self._head - self._base :]
+        return fresh + [block for block in live if block is not None]
+
+    def __iter__(self) -> Iterable[KVCacheBlock]:
+        return iter(self.get_all_free_blocks())

@@ -1,0 +1,1 @@
+"""Conformance machinery: Hypothesis state machines, target adapters, exploration and audit."""

@@ -1,0 +1,45 @@
+"""Hypothesis profiles shared by the test suite, the mutant runner and `kvspec audit`.
+
+- ``dev`` (default): quick local runs.
+- ``ci`` (chosen when ``CI=true``): derandomized, no deadline, sized so that every mutant in
+  the catalogue dies.
+- ``nightly``: large and randomized.
+
+``KVSPEC_PROFILE`` overrides the choice.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+settings.register_profile(
+    "dev", max_examples=150, stateful_step_count=40, deadline=None,
+    suppress_health_check=_SLOW_OK,
+)
+settings.register_profile(
+    "ci", max_examples=300, stateful_step_count=50, deadline=None, derandomize=True,
+    database=None, print_blob=True, suppress_health_check=_SLOW_OK,
+)
+settings.register_profile(
+    "nightly", max_examples=5000, stateful_step_count=100, deadline=None,
+    suppress_health_check=_SLOW_OK,
+)
+
+
+def profile_name() -> str:
+    """The profile this process should run under."""
+    explicit = os.environ.get("KVSPEC_PROFILE")
+    if explicit:
+        return explicit
+    return "ci" if os.environ.get("CI", "").lower() == "true" else "dev"
+
+
+def load_profile() -> str:
+    """Load the profile chosen by the environment and return its name."""
+    name = profile_name()
+    settings.load_profile(name)
+    return name

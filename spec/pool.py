@@ -1,0 +1,343 @@
+"""The block pool, as an executable model (seeds 000 and 001; vllm-v1-notes.md section 2).
+
+State is one immutable value, `PoolState`; every operation is a small pure function that
+returns the new state and its outputs. Read each operation beside the seed it cites: the
+model says *what* happens, never how fast. Invariants live in `spec.pool_invariants`.
+
+Block 0 is the null block: it is never free, never keyed, and its ref count is not modelled.
+A key is a `BlockHashWithGroupId`: the block hash followed by the 4-byte big-endian group id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+BlockId = int
+Key = bytes
+NULL_BLOCK: BlockId = 0
+
+
+class Profile(Enum):
+    """Which vLLM release's observable behaviour the model follows."""
+
+    V0_13 = "vllm-0.13"  # every block reaching ref 0 goes to the tail, in the order given
+    V0_33 = "vllm-0.33"  # unkeyed ones go to the head (in the order given), keyed ones to the tail
+
+
+# --- Events (vllm-v1-notes 7). Hashes are external hashes: the low 64 bits, as ints. -----------
+
+
+@dataclass(frozen=True)
+class Stored:
+    hashes: tuple[int, ...]
+    parent: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_id: int | None
+
+
+@dataclass(frozen=True)
+class Removed:
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Cleared:
+    pass
+
+
+Event = Stored | Removed | Cleared
+
+
+# --- Errors: every bad input is refused before anything changes. -------------------------------
+
+
+class PoolError(Exception):
+    """A call the pool must refuse."""
+
+
+class OutOfPool(PoolError, LookupError):
+    """A block id that is not in the pool."""
+
+
+class NotInUse(PoolError, ValueError):
+    """Freeing a block whose ref count is already 0."""
+
+
+class NotEnoughFree(PoolError, ValueError):
+    """Asking for more blocks than are free, or for a negative number."""
+
+
+class AlreadyCached(PoolError, ValueError):
+    """Keying a block that already has a key."""
+
+
+class BadHash(PoolError, ValueError):
+    """A block hash or group id that cannot form a key."""
+
+
+# --- State -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolState:
+    num_blocks: int
+    enable_caching: bool
+    enable_events: bool
+    profile: Profile
+    ref: tuple[int, ...]  # per block; ref[NULL_BLOCK] stays 0
+    free: tuple[BlockId, ...]  # the free order: head (next to reuse) first
+    key_of: tuple[Key | None, ...]  # per block
+    cached: tuple[tuple[Key, tuple[BlockId, ...]], ...]  # key -> blocks, first inserted first
+    events: tuple[Event, ...] = ()  # every event emitted so far
+    num_taken: int = 0  # how many of them take_events has handed out
+
+
+def new_pool(
+    num_blocks: int,
+    enable_caching: bool = True,
+    enable_events: bool = False,
+    profile: Profile = Profile.V0_13,
+) -> PoolState:
+    """A fresh pool: the null block taken, every other block free in id order.
+
+    pre: 1 <= num_blocks <= 64
+    post: __return__.free == tuple(range(1, num_blocks))
+    """
+    if num_blocks < 1:
+        raise NotEnoughFree(f"a pool needs at least 1 block, got num_blocks={num_blocks}")
+    return PoolState(
+        num_blocks, enable_caching, enable_events, profile,
+        ref=(0,) * num_blocks, free=tuple(range(1, num_blocks)),
+        key_of=(None,) * num_blocks, cached=(),
+    )
+
+
+def make_key(block_hash: bytes, group_id: int) -> Key:
+    """The map key of a block hash in one KV-cache group (vllm-v1-notes 1.1).
+
+    pre: 0 <= group_id < 2 ** 32
+    post: __return__[:-4] == block_hash
+    post: int.from_bytes(__return__[-4:], "big") == group_id
+    """
+    if not isinstance(block_hash, bytes) or not block_hash:
+        raise BadHash(f"a block hash must be non-empty bytes, got {block_hash!r}")
+    if not 0 <= group_id < 2**32:
+        raise BadHash(f"group id must be in [0, 2**32), got {group_id}")
+    return block_hash + group_id.to_bytes(4, "big")
+
+
+def external_hash(key: Key) -> int:
+    """The hash an event carries for a key: its block hash's low 64 bits."""
+    return int.from_bytes(key[:-4], "big") & (2**64 - 1)
+
+
+# --- Small pure helpers ------------------------------------------------------------------------
+
+
+def _set(values: tuple[int, ...], index: int, value: int) -> tuple[int, ...]:
+    return values[:index] + (value,) + values[index + 1 :]
+
+
+def _set_key(keys: tuple[Key | None, ...], index: int, key: Key | None) -> tuple[Key | None, ...]:
+    return keys[:index] + (key,) + keys[index + 1 :]
+
+
+def _blocks_under(state: PoolState, key: Key) -> tuple[BlockId, ...]:
+    return dict(state.cached).get(key, ())
+
+
+def _with_blocks_under(state: PoolState, key: Key, blocks: tuple[BlockId, ...]) -> PoolState:
+    others = {k: v for k, v in state.cached if k != key}
+    if blocks:
+        others[key] = blocks
+    return replace(state, cached=tuple(sorted(others.items())))
+
+
+def _emit(state: PoolState, event: Event) -> PoolState:
+    return replace(state, events=state.events + (event,)) if state.enable_events else state
+
+
+def _check_ids(state: PoolState, blocks: Iterable[BlockId]) -> None:
+    for block in blocks:
+        if not (isinstance(block, int) and 0 <= block < state.num_blocks):
+            raise OutOfPool(f"block {block!r} is not in this pool of {state.num_blocks} blocks")
+
+
+def _uncache(state: PoolState, block: BlockId) -> PoolState:
+    """Drop a block's key, if it has one, from the block and from the map (seed 000, eviction)."""
+    key = state.key_of[block]
+    if key is None:
+        return state
+    state = _with_blocks_under(state, key, tuple(b for b in _blocks_under(state, key) if b != block))
+    state = replace(state, key_of=_set_key(state.key_of, block, None))
+    return _emit(state, Removed((external_hash(key),)))
+
+
+# --- Operations --------------------------------------------------------------------------------
+
+
+def get_new_blocks(state: PoolState, n: int) -> tuple[PoolState, tuple[BlockId, ...]]:
+    """Pop n blocks from the head of the free order, evict their keys, ref 0 -> 1.
+
+    pre: 0 <= n <= len(state.free)
+    post: __return__[1] == state.free[:n]
+    post: all(__return__[0].ref[b] == 1 and __return__[0].key_of[b] is None for b in __return__[1])
+    """
+    if not 0 <= n <= len(state.free):
+        raise NotEnoughFree(f"Cannot get {n} free blocks from the pool ({len(state.free)} free)")
+    taken, state = state.free[:n], replace(state, free=state.free[n:])
+    for block in taken:
+        state = _uncache(state, block)
+        state = replace(state, ref=_set(state.ref, block, 1))
+    return state, taken
+
+
+def free_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
+    """Ref - 1 for each block; the blocks that reach 0 join the free order (null skipped).
+
+    vllm-0.13 appends them all to the tail, in the order they reached 0 (callers pass a
+    request's blocks reversed, so its chain tail is evicted first); vllm-0.33 puts the
+    unkeyed ones at the head instead (kept in that order) and the keyed ones at the tail.
+
+    post: len(__return__.free) >= len(state.free)
+    """
+    _check_ids(state, blocks)
+    ref, zeroed = state.ref, ()
+    for block in blocks:
+        if block == NULL_BLOCK:
+            continue
+        if ref[block] == 0:
+            raise NotInUse(f"block {block} is freed with ref count 0")
+        ref = _set(ref, block, ref[block] - 1)
+        if ref[block] == 0:
+            zeroed += (block,)
+    if state.profile is Profile.V0_33:
+        unkeyed = tuple(b for b in zeroed if state.key_of[b] is None or not state.enable_caching)
+        keyed = tuple(b for b in zeroed if b not in unkeyed)
+        return replace(state, ref=ref, free=unkeyed + state.free + keyed)
+    return replace(state, ref=ref, free=state.free + zeroed)
+
+
+def touch(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
+    """A cache hit: a free block leaves the free order; ref + 1 (null skipped).
+
+    post: len(__return__.free) <= len(state.free)
+    """
+    _check_ids(state, blocks)
+    for block in blocks:
+        if block == NULL_BLOCK:
+            continue
+        free = tuple(b for b in state.free if b != block)
+        state = replace(state, free=free, ref=_set(state.ref, block, state.ref[block] + 1))
+    return state
+
+
+def cache_full_blocks(
+    state: PoolState,
+    blocks: Sequence[BlockId],
+    block_hashes: Sequence[bytes],
+    num_cached: int,
+    num_full: int,
+    group_id: int,
+    token_ids: Sequence[int] = (),
+    block_size: int = 1,
+    lora_id: int | None = None,
+) -> PoolState:
+    """Key blocks[num_cached:num_full] with their chain hashes in one group (null skipped).
+
+    One Stored event covers the newly keyed blocks; its parent is the hash before them.
+    Nothing happens when num_cached >= num_full or when caching is off.
+    """
+    if num_cached >= num_full or not state.enable_caching:
+        return state
+    if num_cached < 0 or num_full > min(len(blocks), len(block_hashes)):
+        raise BadHash(
+            f"cannot cache blocks [{num_cached}, {num_full}) of {len(blocks)} blocks with "
+            f"{len(block_hashes)} hashes"
+        )
+    _check_ids(state, blocks[num_cached:num_full])
+    new = [(b, make_key(h, group_id)) for b, h in
+           zip(blocks[num_cached:num_full], block_hashes[num_cached:num_full], strict=True)
+           if b != NULL_BLOCK]
+    for block, _ in new:
+        if state.key_of[block] is not None:
+            raise AlreadyCached(f"block {block} already has a key")
+    if len({b for b, _ in new}) != len(new):
+        raise AlreadyCached(f"a block appears twice in {[b for b, _ in new]}")
+    for block, key in new:
+        state = replace(state, key_of=_set_key(state.key_of, block, key))
+        state = _with_blocks_under(state, key, _blocks_under(state, key) + (block,))
+    if not new:
+        return state
+    parent = make_key(block_hashes[num_cached - 1], group_id) if num_cached > 0 else None
+    return _emit(state, Stored(
+        hashes=tuple(external_hash(k) for _, k in new),
+        parent=None if parent is None else external_hash(parent),
+        token_ids=tuple(token_ids), block_size=block_size, lora_id=lora_id,
+    ))
+
+
+def get_cached_block(
+    state: PoolState, block_hash: bytes, group_ids: Sequence[int]
+) -> tuple[BlockId, ...] | None:
+    """The first block keyed with block_hash in each group, or None if any group misses.
+
+    post: __return__ is None or len(__return__) == len(group_ids)
+    """
+    found = []
+    for group_id in group_ids:
+        blocks = _blocks_under(state, make_key(block_hash, group_id))
+        if not blocks:
+            return None
+        found.append(blocks[0])
+    return tuple(found)
+
+
+def evict_blocks(state: PoolState, block_ids: Iterable[BlockId]) -> PoolState:
+    """Drop the keys of the given blocks, in ascending id order; ref counts and free order stay.
+
+    post: __return__.free == state.free and __return__.ref == state.ref
+    """
+    ids = sorted(set(block_ids))
+    _check_ids(state, ids)
+    for block in ids:
+        state = _uncache(state, block)
+    return state
+
+
+def reset_prefix_cache(state: PoolState) -> tuple[PoolState, bool]:
+    """Forget every key, only when no block but the null block is in use; else change nothing.
+
+    post: __return__[1] == (len(state.free) == state.num_blocks - 1)
+    post: __return__[1] or __return__[0] == state
+    """
+    if len(state.free) != state.num_blocks - 1:
+        return state, False
+    state = replace(state, key_of=(None,) * state.num_blocks, cached=())
+    return _emit(state, Cleared()), True
+
+
+def num_free(state: PoolState) -> int:
+    """How many blocks are free (cached ones included)."""
+    return len(state.free)
+
+
+def usage(state: PoolState) -> float:
+    """The fraction of the non-null blocks in use; 0 for a pool of only the null block.
+
+    post: 0.0 <= __return__ <= 1.0
+    """
+    if state.num_blocks == 1:
+        return 0.0
+    return 1.0 - len(state.free) / (state.num_blocks - 1)
+
+
+def take_events(state: PoolState) -> tuple[PoolState, tuple[Event, ...]]:
+    """Hand out the events emitted since the last call.
+
+    post: __return__[0].num_taken == len(state.events)
+    """
+    return replace(state, num_taken=len(state.events)), state.events[state.num_taken :]

@@ -1,0 +1,106 @@
+"""The block pool's invariants: one named predicate per property (vllm-v1-notes section 9).
+
+Each predicate takes a `PoolState` and returns True when the property holds. `ALL` lists them
+for the conformance machine, which checks every one after every step; `violated(state)`
+names the ones that fail.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from spec.pool import NULL_BLOCK, BlockId, Cleared, PoolState, Removed, Stored, external_hash
+
+
+def free_iff_unreferenced(state: PoolState) -> bool:
+    """A non-null block is in the free order exactly when its ref count is 0.
+
+    pre: len(state.ref) == state.num_blocks
+    """
+    free = set(state.free)
+    return all((b in free) == (state.ref[b] == 0) for b in range(1, state.num_blocks))
+
+
+def free_order_has_no_duplicates(state: PoolState) -> bool:
+    """No block appears twice in the free order."""
+    return len(set(state.free)) == len(state.free)
+
+
+def free_order_within_pool(state: PoolState) -> bool:
+    """Every block in the free order is a real, non-null block of the pool."""
+    return all(1 <= b < state.num_blocks for b in state.free)
+
+
+def ref_counts_nonnegative(state: PoolState) -> bool:
+    """No ref count is negative, and the null block's stays 0 (it is not modelled)."""
+    return all(r >= 0 for r in state.ref) and state.ref[NULL_BLOCK] == 0
+
+
+def null_block_never_free_never_keyed(state: PoolState) -> bool:
+    """The null block is never in the free order, never has a key, never sits in the map."""
+    in_map = any(NULL_BLOCK in blocks for _, blocks in state.cached)
+    return NULL_BLOCK not in state.free and state.key_of[NULL_BLOCK] is None and not in_map
+
+
+def key_map_agrees_with_block_keys(state: PoolState) -> bool:
+    """Every block under key k in the map has key k, and every keyed block is under its key."""
+    listed = [(key, b) for key, blocks in state.cached for b in blocks]
+    keyed = [(key, b) for b, key in enumerate(state.key_of) if key is not None]
+    return len(listed) == len(set(listed)) and set(listed) == set(keyed)
+
+
+def no_empty_key_entries(state: PoolState) -> bool:
+    """The map holds no key without blocks, and no key twice."""
+    keys = [key for key, _ in state.cached]
+    return all(blocks for _, blocks in state.cached) and len(keys) == len(set(keys))
+
+
+def keys_only_when_caching(state: PoolState) -> bool:
+    """With prefix caching off, no block ever gets a key."""
+    return state.enable_caching or all(key is None for key in state.key_of)
+
+
+def events_replay_to_cached_keys(state: PoolState) -> bool:
+    """Replaying the emitted events onto an empty multiset gives the keyed blocks' hashes.
+
+    Stored adds one per newly keyed block, Removed takes one away, Cleared empties it. With
+    events off nothing is emitted and there is nothing to check.
+    """
+    if not state.enable_events:
+        return not state.events
+    replayed: Counter[int] = Counter()
+    for event in state.events:
+        if isinstance(event, Stored):
+            replayed.update(event.hashes)
+        elif isinstance(event, Removed):
+            replayed.subtract(event.hashes)
+        elif isinstance(event, Cleared):
+            replayed.clear()
+    expected = Counter(external_hash(key) for key in state.key_of if key is not None)
+    return +replayed == expected and all(n >= 0 for n in replayed.values())
+
+
+def allocated_blocks_are_fresh(state: PoolState, allocated: tuple[BlockId, ...]) -> bool:
+    """Blocks just returned by get_new_blocks have ref count 1 and no key."""
+    return all(state.ref[b] == 1 and state.key_of[b] is None for b in allocated)
+
+
+Invariant = Callable[[PoolState], bool]
+
+ALL: tuple[Invariant, ...] = (
+    free_iff_unreferenced,
+    free_order_has_no_duplicates,
+    free_order_within_pool,
+    ref_counts_nonnegative,
+    null_block_never_free_never_keyed,
+    key_map_agrees_with_block_keys,
+    no_empty_key_entries,
+    keys_only_when_caching,
+    events_replay_to_cached_keys,
+)
+
+
+def violated(state: PoolState) -> list[str]:
+    """The names of the invariants that do not hold in state."""
+    return [inv.__name__ for inv in ALL if not inv(state)]

@@ -1,0 +1,46 @@
+"""The mutant catalogue: realistic bugs planted into impl/ that the checkers must catch.
+
+Each mutant module (``pool_mutants``, ``block_table_mutants``, ``manager_mutants``, ...)
+exports ``MUTANTS: list[Mutant]``. A mutant's ``plant`` monkeypatches impl/ in the current
+process; ``python -m tests.mutants`` runs each mutant's ``checker`` (pytest node ids) in a
+fresh process with ``KVSPEC_MUTANT`` set and reports whether it was killed and how fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    description: str
+    plant: Callable[[], None]
+    checker: tuple[str, ...]
+    killed_by: str = ""  # the check expected to catch it: its name appears in the failure
+
+
+def catalogue() -> list[Mutant]:
+    """Every mutant of every ``*_mutants`` module in this package, in module order."""
+    found: list[Mutant] = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.endswith("_mutants"):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            found.extend(module.MUTANTS)
+    names = [m.name for m in found]
+    duplicated = {n for n in names if names.count(n) > 1}
+    if duplicated:
+        raise ValueError(f"duplicate mutant names: {sorted(duplicated)}")
+    return found
+
+
+def plant(name: str) -> None:
+    """Plant the mutant called ``name`` into this process."""
+    for mutant in catalogue():
+        if mutant.name == name:
+            mutant.plant()
+            return
+    raise LookupError(f"no mutant named {name!r}")

@@ -1,0 +1,53 @@
+"""Run every mutant's checker against it: ``python -m tests.mutants [NAME ...]``.
+
+Prints one line per mutant (killed or survived, seconds to kill) and exits 1 if any survive.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from tests.mutants import Mutant, catalogue
+
+
+def run_one(mutant: Mutant) -> tuple[bool, float, str]:
+    env = dict(os.environ, KVSPEC_MUTANT=mutant.name)
+    env.setdefault("TRITON_INTERPRET", "1")
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *mutant.checker],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False,
+    )
+    seconds = time.perf_counter() - start
+    # pytest exit 1 = a test failed: the mutant was caught. Anything else is a survivor
+    # (0 = all passed) or a broken checker (2-5), never a kill. A mutant that names the check
+    # expected to catch it is killed only when that check's name is in the failure.
+    caught = proc.returncode == 1
+    if caught and mutant.killed_by and mutant.killed_by not in proc.stdout:
+        return False, seconds, f"failed, but not by {mutant.killed_by}"
+    return caught, seconds, mutant.killed_by if caught else f"pytest exit {proc.returncode}"
+
+
+def main(argv: list[str]) -> int:
+    mutants = catalogue()
+    if argv:
+        mutants = [m for m in mutants if m.name in set(argv)]
+    width = max((len(m.name) for m in mutants), default=10)
+    survivors = []
+    print(f"{'mutant':<{width}}  verdict   seconds  caught by / description")
+    for mutant in mutants:
+        killed, seconds, detail = run_one(mutant)
+        verdict = "killed" if killed else "SURVIVED"
+        print(f"{mutant.name:<{width}}  {verdict:<8} {seconds:7.1f}  "
+              f"[{detail or 'a failing test'}] {mutant.description}", flush=True)
+        if not killed:
+            survivors.append(mutant.name)
+    print(f"{len(mutants) - len(survivors)}/{len(mutants)} mutants killed")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

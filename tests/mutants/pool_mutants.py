@@ -1,0 +1,355 @@
+"""Block-pool mutants: bugs block pools really have, each planted into impl/.
+
+Every named invariant of spec.pool_invariants and every rule of the pool machine is the
+expected killer of at least one mutant here (``killed_by``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from impl import block_pool as bp
+from impl import kv_cache_utils as kcu
+from impl.block_pool import BlockPool
+from impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from tests.mutants import Mutant
+
+MACHINE = ("tests/test_pool_machine.py",)
+
+
+def _patch(owner: Any, name: str, replacement: Any) -> None:
+    setattr(owner, name, replacement)
+
+
+def touch_keeps_free_block_queued() -> None:
+    """touch() counts a hit on a free block but leaves it in the free queue."""
+    def touch(self: BlockPool, blocks: Any) -> None:
+        flat = list(blocks) if not blocks or isinstance(blocks[0], KVCacheBlock) else [
+            b for group in blocks for b in group]
+        flat = [b for b in flat if b is not self.null_block]
+        for block in flat:
+            if block in self._in_use:
+                self._extra_refs[block] += 1
+            else:
+                self._in_use.add(block)
+    _patch(BlockPool, "touch", touch)
+
+
+def free_forward_order() -> None:
+    """free_blocks() queues a request's blocks in reverse of the order given."""
+    original = BlockPool.free_blocks
+
+    def free_blocks(self: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        original(self, list(ordered_blocks)[::-1])
+    _patch(BlockPool, "free_blocks", free_blocks)
+
+
+def eviction_leaves_key_in_map() -> None:
+    """Evicting a block resets its key but leaves it listed under the key in the map."""
+    def evict(self: BlockPool, block: KVCacheBlock) -> bool:
+        return self._key_of.pop(block, None) is not None
+    _patch(BlockPool, "_evict", evict)
+
+
+def cache_keys_keyed_block() -> None:
+    """cache_full_blocks() re-keys a block that already has a key instead of refusing."""
+    original = BlockPool.cache_full_blocks
+
+    def cache_full_blocks(self: BlockPool, request: Any, blocks: list[KVCacheBlock],
+                          num_cached: int, num_full: int, block_size: int, gid: int) -> None:
+        for block in blocks[num_cached:num_full]:
+            self._key_of.pop(block, None)
+        original(self, request, blocks, num_cached, num_full, block_size, gid)
+    _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
+
+
+def null_block_enters_free_queue() -> None:
+    """free_blocks() forgets to skip the null block, which lands in the free queue."""
+    def free_blocks(self: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        blocks = list(ordered_blocks)
+        real = [b for b in blocks if b is not self.null_block]
+        BlockPool._free_some_shared(self, real)
+        if len(real) != len(blocks):
+            self.free_block_queue.append_n([self.null_block])
+    _patch(BlockPool, "free_blocks", free_blocks)
+
+
+def null_block_gets_keyed() -> None:
+    """cache_full_blocks() keys the null block like any other."""
+    original = BlockPool.cache_full_blocks
+
+    def cache_full_blocks(self: BlockPool, request: Any, blocks: list[KVCacheBlock],
+                          num_cached: int, num_full: int, block_size: int, gid: int) -> None:
+        null = self.null_block
+        original(self, request, blocks, num_cached, num_full, block_size, gid)
+        window = blocks[num_cached:num_full]
+        if self.enable_caching and null in window and null not in self._key_of:
+            index = num_cached + window.index(null)
+            key = bp.BlockHashWithGroupId(request.block_hashes[index] + gid.to_bytes(4, "big"))
+            self._key_of[null] = key
+            self.cached_block_hash_to_block.insert(key, null)
+    _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
+
+
+def usage_counts_null_block() -> None:
+    """get_usage() divides by every block, the null block included."""
+    def get_usage(self: BlockPool) -> float:
+        return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks
+    _patch(BlockPool, "get_usage", get_usage)
+
+
+def popleft_n_loses_count_on_error() -> None:
+    """get_new_blocks() leaves the size check to popleft_n, which counts before it checks."""
+    def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
+        self.num_free_blocks -= n
+        if self.num_free_blocks < 0 or n < 0:
+            raise kcu.NoFreeBlocksError(f"cannot pop {n} blocks")
+        self.num_free_blocks += n
+        return original_popleft_n(self, n)
+
+    def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            if block in self._key_of:
+                self._evict(block)
+        self._in_use.update(blocks)
+        return blocks
+    original_popleft_n = FreeKVCacheBlockQueue.popleft_n
+    _patch(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
+    _patch(BlockPool, "get_new_blocks", get_new_blocks)
+
+
+def reset_succeeds_with_blocks_in_use() -> None:
+    """reset_prefix_cache() clears the cache even while requests hold blocks."""
+    def reset_prefix_cache(self: BlockPool) -> bool:
+        self.cached_block_hash_to_block = bp.BlockHashToBlockMap()
+        self._key_of.clear()
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(bp.AllBlocksCleared())
+        return True
+    _patch(BlockPool, "reset_prefix_cache", reset_prefix_cache)
+
+
+def no_event_on_eviction() -> None:
+    """Evicting a cached block emits no BlockRemoved event."""
+    def evict(self: BlockPool, block: KVCacheBlock) -> bool:
+        key = self._key_of.pop(block, None)
+        if key is None:
+            return False
+        self.cached_block_hash_to_block.pop(key, block.block_id)
+        return True
+    _patch(BlockPool, "_evict", evict)
+
+
+def lookup_returns_last_inserted() -> None:
+    """get_cached_block() returns the block cached last under a key, not the first."""
+    def get_cached_block(self: BlockPool, block_hash: bytes,
+                         group_ids: list[int]) -> list[KVCacheBlock] | None:
+        if type(block_hash) is not bytes:
+            raise bp.InvalidBlockHashError(f"bad hash {block_hash!r}")
+        found = []
+        for gid in group_ids:
+            entry = self.cached_block_hash_to_block._cache.get(block_hash + gid.to_bytes(4, "big"))
+            if entry is None:
+                return None
+            found.append(entry[-1] if isinstance(entry, list) else entry)
+        return found
+    _patch(BlockPool, "get_cached_block", get_cached_block)
+
+
+def lookup_not_all_or_nothing() -> None:
+    """get_cached_block() returns the groups that hit even when another group misses."""
+    def get_cached_block(self: BlockPool, block_hash: bytes,
+                         group_ids: list[int]) -> list[KVCacheBlock] | None:
+        if type(block_hash) is not bytes:
+            raise bp.InvalidBlockHashError(f"bad hash {block_hash!r}")
+        found = [self.cached_block_hash_to_block.get_one_block(
+            bp.BlockHashWithGroupId(block_hash + gid.to_bytes(4, "big"))) for gid in group_ids]
+        hits = [b for b in found if b is not None]
+        return hits or None
+    _patch(BlockPool, "get_cached_block", get_cached_block)
+
+
+def free_is_not_atomic() -> None:
+    """free_blocks() releases the valid blocks before it notices an unreferenced one."""
+    def free_blocks(self: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        blocks = [b for b in ordered_blocks if b is not self.null_block]
+        for block in blocks:
+            BlockPool._free_some_shared(self, [block])
+    _patch(BlockPool, "free_blocks", free_blocks)
+
+
+def alloc_keeps_stale_key() -> None:
+    """get_new_blocks() hands out a cached free block without evicting its key."""
+    def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
+        if num_blocks < 0 or num_blocks > self.get_num_free_blocks():
+            raise bp.NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks")
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        self._in_use.update(blocks)
+        return blocks
+    _patch(BlockPool, "get_new_blocks", get_new_blocks)
+
+
+def caching_off_still_keys() -> None:
+    """cache_full_blocks() keys blocks even when prefix caching is disabled."""
+    original = BlockPool.cache_full_blocks
+
+    def cache_full_blocks(self: BlockPool, *args: Any) -> None:
+        enabled, self.enable_caching = self.enable_caching, True
+        try:
+            original(self, *args)
+        finally:
+            self.enable_caching = enabled
+    _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
+
+
+def empty_key_entry_left_behind() -> None:
+    """Popping the last block under a key leaves the key with an empty entry."""
+    def pop(self: bp.BlockHashToBlockMap, key: bytes, block_id: int) -> KVCacheBlock | None:
+        entry = self._cache.get(key)
+        blocks = entry if isinstance(entry, list) else [] if entry is None else [entry]
+        for index, block in enumerate(blocks):
+            if block.block_id == block_id:
+                rest = blocks[:index] + blocks[index + 1:]
+                self._cache[key] = rest  # type: ignore[assignment]
+                return block
+        return None
+    _patch(bp.BlockHashToBlockMap, "pop", pop)
+
+
+def evict_requeues_free_block() -> None:
+    """evict_blocks() moves an evicted free block to the queue's tail without unlinking it."""
+    original = BlockPool.evict_blocks
+
+    def evict_blocks(self: BlockPool, block_ids: set[int]) -> None:
+        original(self, block_ids)
+        for block_id in sorted(block_ids):
+            block = self.blocks[block_id]
+            if block_id and block.ref_cnt == 0:
+                self.free_block_queue.append(block)
+    _patch(BlockPool, "evict_blocks", evict_blocks)
+
+
+def free_block_reports_negative_ref() -> None:
+    """A free block reports ref_cnt -1 (a 'free' sentinel leaking out of the layout)."""
+    def ref_count(self: BlockPool, block: KVCacheBlock) -> int:
+        if block in self._in_use:
+            return self._extra_refs[block] + 1 if block in self._extra_refs else 1
+        return -1
+    _patch(BlockPool, "_ref_count", ref_count)
+
+
+def take_events_keeps_queue() -> None:
+    """take_events() returns the pending events but does not clear them."""
+    def take_events(self: BlockPool) -> list[Any]:
+        return list(self.kv_event_queue) if self.enable_kv_cache_events else []
+    _patch(BlockPool, "take_events", take_events)
+
+
+def stored_event_wrong_parent() -> None:
+    """BlockStored names the first newly cached block's own hash as its parent."""
+    original = BlockPool.cache_full_blocks
+
+    def cache_full_blocks(self: BlockPool, request: Any, blocks: list[KVCacheBlock],
+                          num_cached: int, num_full: int, block_size: int, gid: int) -> None:
+        before = len(self.kv_event_queue)
+        original(self, request, blocks, num_cached, num_full, block_size, gid)
+        if len(self.kv_event_queue) > before:
+            stored = self.kv_event_queue[-1]
+            wrong = bp.maybe_convert_block_hash(request.block_hashes[num_cached])
+            self.kv_event_queue[-1] = type(stored)(  # type: ignore[call-arg]
+                stored.block_hashes, wrong, stored.token_ids,  # type: ignore[attr-defined]
+                stored.block_size, stored.lora_id, stored.medium)  # type: ignore[attr-defined]
+    _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
+
+
+def evict_out_of_range_not_atomic() -> None:
+    """evict_blocks() evicts the ids in range before complaining about one out of range."""
+    def evict_blocks(self: BlockPool, block_ids: set[int]) -> None:
+        for block_id in sorted(block_ids):
+            if block_id >= self.num_gpu_blocks:
+                raise bp.BlockNotInPoolError(f"block id {block_id} out of range")
+            block = self._objects[block_id]
+            if block is not None:
+                self._evict(block)
+    _patch(BlockPool, "evict_blocks", evict_blocks)
+
+
+def hole_skipped_twice() -> None:
+    """The free queue's head skips one entry too many after a hole (touch then allocate)."""
+    original = FreeKVCacheBlockQueue.popleft_n
+
+    def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
+        had_holes = self._num_holes
+        taken = original(self, n)
+        if had_holes and self._num_holes < had_holes and self.num_free_blocks:
+            self._head += 1
+            self.num_free_blocks -= 1
+        return taken
+    _patch(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
+
+
+def shared_touch_counts_once() -> None:
+    """touch() of blocks already in use does not add a reference (a shared block is freed early)."""
+    original = BlockPool.touch
+
+    def touch(self: BlockPool, blocks: Sequence[Any]) -> None:
+        saved = dict(self._extra_refs)
+        original(self, blocks)
+        for block in list(self._extra_refs):
+            if block not in saved:
+                del self._extra_refs[block]
+            else:
+                self._extra_refs[block] = saved[block]
+    _patch(BlockPool, "touch", touch)
+
+
+MUTANTS = [
+    Mutant("touch_keeps_free_block_queued", "touch leaves a hit free block in the free queue",
+           touch_keeps_free_block_queued, MACHINE, "free_iff_unreferenced"),
+    Mutant("free_forward_order", "blocks queued in reverse of the order freed",
+           free_forward_order, MACHINE, "free order: target"),
+    Mutant("eviction_leaves_key_in_map", "eviction resets the key, the map keeps the block",
+           eviction_leaves_key_in_map, MACHINE, "key_map_agrees_with_block_keys"),
+    Mutant("cache_keys_keyed_block", "a keyed block gets keyed again",
+           cache_keys_keyed_block, MACHINE, "cache a keyed block"),
+    Mutant("null_block_enters_free_queue", "the null block enters the free queue",
+           null_block_enters_free_queue, MACHINE, "free_order_within_pool"),
+    Mutant("null_block_gets_keyed", "cache_full_blocks keys the null block",
+           null_block_gets_keyed, MACHINE, "null_block_never_free_never_keyed"),
+    Mutant("usage_counts_null_block", "usage counts the null block",
+           usage_counts_null_block, MACHINE, "get_usage: target"),
+    Mutant("popleft_n_loses_count_on_error", "popleft_n loses the count on error",
+           popleft_n_loses_count_on_error, MACHINE, "refused call changed"),
+    Mutant("reset_succeeds_with_blocks_in_use", "reset succeeds with blocks in use",
+           reset_succeeds_with_blocks_in_use, MACHINE, "reset_prefix_cache: target"),
+    Mutant("no_event_on_eviction", "no BlockRemoved event on eviction",
+           no_event_on_eviction, MACHINE, "events_replay_to_cached_keys"),
+    Mutant("lookup_returns_last_inserted", "a lookup returns the last block cached under a key",
+           lookup_returns_last_inserted, MACHINE, "get_cached_block("),
+    Mutant("lookup_not_all_or_nothing", "a lookup hits when only some groups hit",
+           lookup_not_all_or_nothing, MACHINE, "get_cached_block("),
+    Mutant("free_is_not_atomic", "a refused free has already released some blocks",
+           free_is_not_atomic, MACHINE, "refused call changed"),
+    Mutant("alloc_keeps_stale_key", "an allocated block keeps its old key",
+           alloc_keeps_stale_key, MACHINE, "allocated_blocks_are_fresh"),
+    Mutant("caching_off_still_keys", "blocks get keys with prefix caching off",
+           caching_off_still_keys, MACHINE, "keys_only_when_caching"),
+    Mutant("empty_key_entry_left_behind", "popping a key's last block leaves an empty entry",
+           empty_key_entry_left_behind, MACHINE, "no_empty_key_entries"),
+    Mutant("evict_requeues_free_block", "evict_blocks queues a free block a second time",
+           evict_requeues_free_block, MACHINE, "free_order_has_no_duplicates"),
+    Mutant("free_block_reports_negative_ref", "a free block reports ref_cnt -1",
+           free_block_reports_negative_ref, MACHINE, "ref_counts_nonnegative"),
+    Mutant("take_events_keeps_queue", "take_events does not clear the queue",
+           take_events_keeps_queue, MACHINE, "take_events: target"),
+    Mutant("stored_event_wrong_parent", "BlockStored carries the wrong parent hash",
+           stored_event_wrong_parent, MACHINE, "pending events: target"),
+    Mutant("evict_out_of_range_not_atomic", "a refused evict has already evicted some keys",
+           evict_out_of_range_not_atomic, MACHINE, "refused call changed"),
+    Mutant("hole_skipped_twice", "the free queue skips an extra entry after a hole",
+           hole_skipped_twice, MACHINE, "free order: target"),
+    Mutant("shared_touch_counts_once", "a hit on a block in use adds no reference",
+           shared_touch_counts_once, MACHINE, "ref counts: target"),
+]

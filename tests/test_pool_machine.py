@@ -1,0 +1,8 @@
+"""The block-pool conformance machine, run against impl/."""
+
+from __future__ import annotations
+
+from spec.conformance.pool_machine import machine_for
+from spec.conformance.targets import VllmApiPool
+
+TestImplConformsToSpec = machine_for(VllmApiPool).TestCase
