@@ -1,0 +1,190 @@
+"""``kvspec plan MODEL --memory 80GiB``: a model's KV-cache groups and what a budget holds.
+
+``add_plan_parser(subparsers)`` adds the ``plan`` sub-command to an argparse parser (its
+handler is ``args.func``, i.e. ``run_plan``); ``python -m models.cli plan ...`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from models.layout import InvalidLayout, ModelLayout, UnknownModelError, get_layout
+from models.plan import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    InvalidMemorySize,
+    InvalidPlanArgument,
+    MemoryPlan,
+    format_bytes,
+    parse_memory,
+    plan_memory,
+)
+
+__all__ = ["add_plan_parser", "main", "plan_to_dict", "render_plan", "run_plan"]
+
+_DESCRIPTION = """\
+Show how vLLM 0.13 lays out MODEL's KV cache: its KV-cache groups (layer kinds and counts),
+each group's spec and page size, the bytes one block costs, how many blocks and tokens the
+memory budget holds, the longest request that fits, and how many requests of the model's full
+length fit at once. MODEL is a name from models/data (case-insensitive; the Hugging Face repo id
+works too)."""
+
+
+def add_plan_parser(subparsers: Any) -> None:
+    """Add the ``plan`` sub-command to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    parser = subparsers.add_parser(
+        "plan",
+        help="show a model's KV-cache groups, page sizes and what a memory budget holds",
+        description=_DESCRIPTION,
+    )
+    parser.add_argument("model", help="model name, e.g. Llama-3.1-8B")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument(
+        "--memory", help="KV-cache memory, e.g. 80GiB, 80GB, 512MiB or a byte count"
+    )
+    budget.add_argument(
+        "--num-blocks", type=int, help="plan for this many blocks (null block included)"
+    )
+    parser.add_argument(
+        "--block-size", type=int, default=16, help="tokens per block (default 16)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help=f"chunked-prefill step, bounds sliding/chunked windows "
+        f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, help="longest request (default: the model's own limit)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(func=run_plan)
+
+
+def plan_to_dict(plan: MemoryPlan) -> dict[str, Any]:
+    """The plan as plain JSON-ready data."""
+    layout = plan.layout
+    groups = plan.groups
+    return {
+        "model": layout.name,
+        "hf_repo": layout.hf_repo,
+        "config_url": layout.config_url,
+        "layers": len(layout.layers),
+        "layer_kinds": layout.kind_counts(),
+        "requested_block_size": groups.requested_block_size,
+        "adjustments": list(groups.adjustments),
+        "groups": [
+            {
+                "group_id": g.group_id,
+                "kind": g.spec.kind,
+                "num_layers": len(g.layer_names),
+                "layer_names": list(g.layer_names),
+                "spec": g.spec.describe(),
+                "block_size": g.spec.block_size,
+                "page_size_bytes": g.spec.page_size_bytes,
+            }
+            for g in groups.groups
+        ],
+        "page_size_bytes": groups.page_size_bytes,
+        "layers_per_block": groups.layers_per_block,
+        "padding_layers": groups.padding_layers,
+        "bytes_per_block": groups.bytes_per_block,
+        "memory_bytes": plan.memory_bytes,
+        "num_blocks": plan.num_blocks,
+        "usable_blocks": plan.usable_blocks,
+        "pool_tokens": plan.pool_tokens,
+        "kv_cache_tokens": plan.kv_cache_tokens,
+        "max_model_len": plan.max_model_len,
+        "max_num_batched_tokens": plan.max_num_batched_tokens,
+        "max_context_tokens": plan.max_context_tokens,
+        "context_limited_by": plan.context_limited_by,
+        "blocks_per_max_request": plan.blocks_per_max_request,
+        "max_concurrency": round(plan.max_concurrency, 4),
+        "unverified_figures": {f.name: f.source for f in layout.unverified_figures},
+        "notes": list(layout.notes),
+    }
+
+
+def _kinds(layout: ModelLayout) -> str:
+    return ", ".join(f"{count} {kind}" for kind, count in layout.kind_counts().items())
+
+
+def render_plan(plan: MemoryPlan) -> str:
+    """The plan as the text ``kvspec plan`` prints."""
+    layout = plan.layout
+    groups = plan.groups
+    lines = [
+        f"{layout.name}  ({layout.hf_repo})",
+        f"  config: {layout.config_url}",
+        f"  KV-cache layers: {len(layout.layers)} ({_kinds(layout)})",
+    ]
+    lines += [f"  note: {adjustment}" for adjustment in groups.adjustments]
+    lines.append(f"KV-cache groups: {len(groups.groups)}")
+    for g in groups.groups:
+        lines.append(
+            f"  group {g.group_id}: {len(g.layer_names):>3} x {g.spec.describe()}, "
+            f"block_size {g.spec.block_size}, page {g.spec.page_size_bytes:,} B"
+        )
+    padding = f", {groups.padding_layers} padding slots" if groups.padding_layers else ""
+    lines += [
+        f"page size per block: {groups.bytes_per_block:,} B "
+        f"({groups.page_size_bytes:,} B x {groups.layers_per_block} layers sharing a block id"
+        f"{padding})",
+        f"memory: {format_bytes(plan.memory_bytes)} ({plan.memory_bytes:,} B) -> "
+        f"{plan.num_blocks:,} blocks ({plan.usable_blocks:,} usable; block 0 is the null block)",
+        f"tokens that fit: {plan.pool_tokens:,} token slots in the pool; "
+        f"{plan.kv_cache_tokens:,} by vLLM's KV-cache-size log (num_blocks // groups x block_size)",
+        f"max context per request: {plan.max_context_tokens:,} tokens "
+        f"(model limit {plan.max_model_len:,}; limited by {plan.context_limited_by}; "
+        f"prefill chunk {plan.max_num_batched_tokens:,})",
+        f"max concurrency at {plan.max_model_len:,} tokens: {plan.max_concurrency:.2f}x "
+        f"({plan.blocks_per_max_request:,} blocks per request)",
+    ]
+    lines += [f"note: {note}" for note in layout.notes]
+    for figure in layout.unverified_figures:
+        lines.append(f"unverified: {figure.name} = {figure.value} ({figure.source})")
+    return "\n".join(lines)
+
+
+def _fail(message: str, stderr: TextIO) -> int:
+    print(f"kvspec plan: error: {message}", file=stderr)
+    return 2
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Run ``plan`` for parsed ``args``; 0 on success, 2 on a bad model name or argument."""
+    try:
+        layout = get_layout(args.model)
+    except UnknownModelError as error:
+        return _fail(str(error), sys.stderr)
+    try:
+        memory = None if args.memory is None else parse_memory(args.memory)
+        plan = plan_memory(
+            layout,
+            memory_bytes=memory,
+            num_blocks=args.num_blocks,
+            block_size=args.block_size,
+            max_model_len=args.max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+    except (InvalidMemorySize, InvalidPlanArgument, InvalidLayout) as error:
+        return _fail(str(error), sys.stderr)
+    print(json.dumps(plan_to_dict(plan), indent=2) if args.json else render_plan(plan))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m models.cli")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_plan_parser(subparsers)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

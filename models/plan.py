@@ -1,0 +1,510 @@
+"""KV-cache groups, page sizes and block counts of a layout: vLLM 0.13's arithmetic, pure.
+
+What is modelled (vLLM 0.13, ``kv_cache_utils.get_kv_cache_groups`` and
+``get_kv_cache_config_from_groups``; ``HybridAttentionMambaModelConfig``):
+
+1. Each layer gets a spec: its kind, ``block_size`` tokens per block, and its shape. The page
+   size of one block of one layer is ``block_size * num_kv_heads * head_size * 2 * dtype bytes``
+   (K and V); an MLA layer stores one latent vector per token (no factor 2); a Mamba layer
+   stores one request's whole state per block (``sum(prod(shape) * dtype bytes)``).
+2. Attention + Mamba hybrids: the attention block size is raised (in steps of 16 tokens, 64
+   for MLA) until one attention page holds a Mamba state, and the Mamba page is padded up to
+   the attention page. The Mamba group uses the same block size unless told otherwise.
+3. All layers with one equal spec: a single group of every layer.
+4. Otherwise page sizes are unified (a smaller attention page has its block size multiplied by
+   ``max_page // page``; anything else is rejected), layers are bucketed by equal spec in order
+   of first appearance, and each bucket is cut into groups of ``group_size`` layers, where
+   ``group_size`` is the smallest bucket (or the largest, when that is under 1.5 times the
+   smallest: less padding). A bucket of ``n`` layers becomes ``g = cdiv(n, group_size)``
+   groups, the ``k``-th taking every ``g``-th layer from ``k``.
+5. Memory: ``group_size`` tensors (one per position in a group) each hold ``num_blocks`` pages,
+   and a block id names the same page in all of them, so one block costs
+   ``page_size * group_size`` bytes and ``num_blocks = memory // (page_size * group_size)``.
+   Block 0 is the null block, so ``num_blocks - 1`` blocks hold data.
+6. A request of ``n`` tokens needs, per group (vLLM's ``max_memory_usage_bytes`` in blocks):
+   full / MLA ``cdiv(n, bs)``; sliding window ``cdiv(min(w - 1 + B, n), bs) + 1``; chunked
+   local ``cdiv(min(c + B, n), bs)``; Mamba 1; cross-attention ``cdiv(encoder_len, bs)``,
+   where ``B`` is ``max_num_batched_tokens`` (the chunked-prefill step).
+
+Not modelled: layers of one kind with different shapes (vLLM's ``UniformTypeKVCacheSpecs``),
+the hybrid allocator switched off, context parallelism, fp8/quantised KV caches, speculative
+Mamba blocks, pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from models.layout import DTYPE_BYTES, InvalidLayout, LayerLayout, ModelLayout
+
+__all__ = [
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "GroupPlan",
+    "GroupSpec",
+    "InvalidMemorySize",
+    "InvalidPlanArgument",
+    "KVCacheGroup",
+    "MemoryPlan",
+    "format_bytes",
+    "kv_cache_groups",
+    "max_context_tokens",
+    "num_blocks_for_memory",
+    "parse_memory",
+    "plan_memory",
+]
+
+# vLLM's default chunked-prefill step for online serving.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# Block-size steps of the attention kernels when sizing a page for a Mamba state.
+_KERNEL_BLOCK_ALIGNMENT = 16
+_MLA_KERNEL_BLOCK_ALIGNMENT = 64
+# A bucket this much larger than the smallest still sets the group size (vLLM's heuristic).
+_GROUP_SIZE_SLACK = 1.5
+
+
+class InvalidPlanArgument(ValueError):
+    """A planning parameter (block size, block count, token count) is out of range."""
+
+
+class InvalidMemorySize(InvalidPlanArgument):
+    """A memory size string or value cannot be read as a positive number of bytes."""
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _require_positive_int(name: str, value: object) -> int:
+    if type(value) is not int or value <= 0:
+        raise InvalidPlanArgument(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """The spec every layer of one KV-cache group shares (the pure twin of impl's specs)."""
+
+    kind: str
+    block_size: int
+    dtype: str
+    num_kv_heads: int = 0
+    head_size: int = 0
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    mamba_shapes: tuple[tuple[int, ...], ...] = ()
+    mamba_dtypes: tuple[str, ...] = ()
+    mamba_type: str | None = None
+    page_size_padded: int | None = None
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """Bytes one block of one layer really uses, before padding."""
+        if self.kind == "mamba":
+            total = 0
+            for shape, dtype in zip(self.mamba_shapes, self.mamba_dtypes, strict=True):
+                elements = 1
+                for size in shape:
+                    elements *= size
+                total += elements * DTYPE_BYTES[dtype]
+            return total
+        per_token = self.num_kv_heads * self.head_size * DTYPE_BYTES[self.dtype]
+        if self.kind != "mla":
+            per_token *= 2  # K and V
+        return self.block_size * per_token
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes one block of one layer occupies."""
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.real_page_size_bytes
+
+    def blocks_for_request(
+        self, num_tokens: int, max_num_batched_tokens: int, num_encoder_tokens: int
+    ) -> int:
+        """Blocks of this group one request of ``num_tokens`` tokens can hold at once."""
+        bs = self.block_size
+        if self.kind in ("full", "mla"):
+            return _cdiv(num_tokens, bs)
+        if self.kind == "sliding_window" and self.sliding_window is not None:
+            held = min(self.sliding_window - 1 + max_num_batched_tokens, num_tokens)
+            return _cdiv(held, bs) + 1  # the window may start mid-block
+        if self.kind == "chunked_local" and self.attention_chunk_size is not None:
+            return _cdiv(min(self.attention_chunk_size + max_num_batched_tokens, num_tokens), bs)
+        if self.kind == "cross_attention":
+            return _cdiv(num_encoder_tokens, bs)
+        return 1  # mamba: the whole state in one block
+
+    def describe(self) -> str:
+        """A short human-readable form, e.g. ``sliding_window(window=1024, 16 x 128, bfloat16)``."""
+        if self.kind == "mamba":
+            states = ", ".join(
+                f"{'x'.join(map(str, shape))} {dtype}"
+                for shape, dtype in zip(self.mamba_shapes, self.mamba_dtypes, strict=True)
+            )
+            padded = (
+                f", padded {self.real_page_size_bytes:,} -> {self.page_size_padded:,} B"
+                if self.page_size_padded is not None
+                else ""
+            )
+            return f"mamba({self.mamba_type or 'mamba'}: {states}{padded})"
+        extra = ""
+        if self.sliding_window is not None:
+            extra = f"window={self.sliding_window}, "
+        elif self.attention_chunk_size is not None:
+            extra = f"chunk={self.attention_chunk_size}, "
+        heads = "latent" if self.kind == "mla" else f"{self.num_kv_heads} kv heads"
+        return f"{self.kind}({extra}{heads} x {self.head_size}, {self.dtype})"
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers sharing one block table, and their spec."""
+
+    group_id: int
+    layer_names: tuple[str, ...]
+    spec: GroupSpec
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """A layout's KV-cache groups for one block size, and their shared page geometry."""
+
+    model: str
+    requested_block_size: int
+    groups: tuple[KVCacheGroup, ...]
+    page_size_bytes: int  # one block of one layer, the same for every group
+    layers_per_block: int  # layers sharing a block id: the number of KV-cache tensors
+    adjustments: tuple[str, ...] = ()
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block id costs: its page in each of the ``layers_per_block`` tensors."""
+        return self.page_size_bytes * self.layers_per_block
+
+    @property
+    def padding_layers(self) -> int:
+        """Tensor slots left empty because a group has fewer layers than ``layers_per_block``."""
+        return sum(self.layers_per_block - len(g.layer_names) for g in self.groups)
+
+    def blocks_per_request(
+        self, num_tokens: int, max_num_batched_tokens: int, num_encoder_tokens: int = 0
+    ) -> int:
+        """Blocks (summed over groups) one request of ``num_tokens`` tokens can hold at once."""
+        return sum(
+            g.spec.blocks_for_request(num_tokens, max_num_batched_tokens, num_encoder_tokens)
+            for g in self.groups
+        )
+
+    def kv_cache_tensors(self, num_blocks: int) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        """``(size_bytes, shared_by)`` of each KV-cache tensor: tensor ``i`` holds layer ``i``
+        of every group that has one."""
+        return tuple(
+            (
+                self.page_size_bytes * num_blocks,
+                tuple(g.layer_names[i] for g in self.groups if i < len(g.layer_names)),
+            )
+            for i in range(self.layers_per_block)
+        )
+
+
+def _layer_spec(layer: LayerLayout, block_size: int) -> GroupSpec:
+    return GroupSpec(
+        kind=layer.kind,
+        block_size=block_size,
+        dtype=layer.dtype,
+        num_kv_heads=layer.num_kv_heads,
+        head_size=layer.head_size,
+        sliding_window=layer.sliding_window,
+        attention_chunk_size=layer.attention_chunk_size,
+        mamba_shapes=layer.mamba_shapes,
+        mamba_dtypes=layer.mamba_dtypes,
+        mamba_type=layer.mamba_type,
+    )
+
+
+def _layer_specs(
+    layout: ModelLayout, block_size: int, mamba_block_size: int | None
+) -> tuple[list[tuple[str, GroupSpec]], list[str]]:
+    """Each layer's spec, with vLLM's attention/Mamba page alignment applied."""
+    mamba_layers = [layer for layer in layout.layers if layer.kind == "mamba"]
+    attention_layers = [layer for layer in layout.layers if layer.is_attention]
+    adjustments: list[str] = []
+    attention_block_size = block_size
+    mamba_padded: int | None = None
+    if mamba_layers and attention_layers:
+        per_token = {layer.bytes_per_token for layer in attention_layers}
+        if len(per_token) != 1:
+            raise InvalidLayout(
+                f"model {layout.name!r}: attention layers of a Mamba hybrid must all take the "
+                f"same bytes per token, got {sorted(per_token)}"
+            )
+        token_bytes = per_token.pop()
+        state = max(layer.state_bytes for layer in mamba_layers)
+        alignment = (
+            _MLA_KERNEL_BLOCK_ALIGNMENT
+            if any(layer.kind == "mla" for layer in attention_layers)
+            else _KERNEL_BLOCK_ALIGNMENT
+        )
+        needed = alignment * _cdiv(state, alignment * token_bytes)
+        if needed > attention_block_size:
+            adjustments.append(
+                f"attention block size raised {block_size} -> {needed} tokens so one attention "
+                f"page ({needed} x {token_bytes:,} B) holds a Mamba state ({state:,} B)"
+            )
+            attention_block_size = needed
+        attention_page = attention_block_size * token_bytes
+        if attention_page != state:
+            mamba_padded = attention_page
+            adjustments.append(
+                f"Mamba page padded {state:,} -> {attention_page:,} B to match the attention page"
+            )
+    chosen_mamba_block_size = attention_block_size if mamba_block_size is None else mamba_block_size
+    specs: list[tuple[str, GroupSpec]] = []
+    for layer in layout.layers:
+        if layer.kind == "mamba":
+            spec = replace(
+                _layer_spec(layer, chosen_mamba_block_size), page_size_padded=mamba_padded
+            )
+        else:
+            spec = _layer_spec(layer, attention_block_size)
+        specs.append((layer.name, spec))
+    return specs, adjustments
+
+
+def kv_cache_groups(
+    layout: ModelLayout, block_size: int = 16, *, mamba_block_size: int | None = None
+) -> GroupPlan:
+    """How vLLM 0.13 groups ``layout``'s layers into KV-cache groups (module docstring, 1-4)."""
+    _require_positive_int("block_size", block_size)
+    if mamba_block_size is not None:
+        _require_positive_int("mamba_block_size", mamba_block_size)
+    specs, adjustments = _layer_specs(layout, block_size, mamba_block_size)
+    distinct = {spec for _, spec in specs}
+    if len(distinct) == 1:
+        spec = specs[0][1]
+        group = KVCacheGroup(0, tuple(name for name, _ in specs), spec)
+        return GroupPlan(
+            layout.name, block_size, (group,), spec.page_size_bytes, len(specs), tuple(adjustments)
+        )
+    if len({spec.kind for spec in distinct}) == 1:
+        raise InvalidLayout(
+            f"model {layout.name!r}: {specs[0][1].kind} layers of different shapes (vLLM's "
+            "UniformTypeKVCacheSpecs) are not modelled"
+        )
+
+    max_page = max(spec.page_size_bytes for spec in distinct)
+    unified: list[tuple[str, GroupSpec]] = []
+    rescaled: dict[GroupSpec, GroupSpec] = {}
+    for name, spec in specs:
+        page = spec.page_size_bytes
+        if page != max_page:
+            if spec.kind == "mamba" or max_page % page:
+                raise InvalidLayout(
+                    f"model {layout.name!r}: layer {name!r} has a {page:,}-byte page that cannot "
+                    f"be grown to the largest page ({max_page:,} B)"
+                )
+            if spec not in rescaled:
+                rescaled[spec] = replace(spec, block_size=spec.block_size * (max_page // page))
+                adjustments.append(
+                    f"{spec.kind} block size raised {spec.block_size} -> "
+                    f"{rescaled[spec].block_size} tokens to match the largest page"
+                )
+            spec = rescaled[spec]
+        unified.append((name, spec))
+
+    buckets: dict[GroupSpec, list[str]] = {}
+    for name, spec in unified:
+        buckets.setdefault(spec, []).append(name)
+    sizes = [len(names) for names in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < group_size * _GROUP_SIZE_SLACK:
+        group_size = max(sizes)
+    groups: list[KVCacheGroup] = []
+    for spec, names in buckets.items():
+        num_groups = _cdiv(len(names), group_size)
+        for k in range(num_groups):
+            groups.append(KVCacheGroup(len(groups), tuple(names[k::num_groups]), spec))
+    return GroupPlan(
+        layout.name,
+        block_size,
+        tuple(groups),
+        max_page,
+        max(len(g.layer_names) for g in groups),
+        tuple(adjustments),
+    )
+
+
+def num_blocks_for_memory(groups: GroupPlan, memory_bytes: int) -> int:
+    """Blocks ``memory_bytes`` of KV cache holds (vLLM's ``get_num_blocks``), null block
+    included."""
+    _require_positive_int("memory_bytes", memory_bytes)
+    return memory_bytes // groups.bytes_per_block
+
+
+def max_context_tokens(
+    groups: GroupPlan,
+    usable_blocks: int,
+    max_model_len: int,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    num_encoder_tokens: int = 0,
+) -> int:
+    """The longest request (at most ``max_model_len`` tokens) whose blocks fit in
+    ``usable_blocks``; 0 when not even one token fits."""
+    _require_positive_int("max_model_len", max_model_len)
+    _require_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+
+    def fits(num_tokens: int) -> bool:
+        needed = groups.blocks_per_request(num_tokens, max_num_batched_tokens, num_encoder_tokens)
+        return needed <= usable_blocks
+
+    if not fits(1):
+        return 0
+    low, high = 1, max_model_len  # fits(low) holds; blocks needed never shrink as n grows
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What a memory budget (or a block count) buys for one layout."""
+
+    layout: ModelLayout
+    groups: GroupPlan
+    memory_bytes: int
+    num_blocks: int  # including the null block
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_context_tokens: int
+    blocks_per_max_request: int  # blocks one request of max_model_len tokens holds
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks that can hold data: every block but the null block."""
+        return max(self.num_blocks - 1, 0)
+
+    @property
+    def min_block_size(self) -> int:
+        return min(g.spec.block_size for g in self.groups.groups)
+
+    @property
+    def pool_tokens(self) -> int:
+        """Token slots in the pool if every usable block went to one attention group."""
+        return self.usable_blocks * self.min_block_size
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """vLLM's logged "GPU KV cache size": ``num_blocks // num_groups * min block size``."""
+        return self.num_blocks // len(self.groups.groups) * self.min_block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of ``max_model_len`` tokens that fit at once."""
+        return self.usable_blocks / self.blocks_per_max_request
+
+    @property
+    def context_limited_by(self) -> str:
+        return "model" if self.max_context_tokens >= self.max_model_len else "memory"
+
+
+def plan_memory(
+    layout: ModelLayout,
+    *,
+    memory_bytes: int | None = None,
+    num_blocks: int | None = None,
+    block_size: int = 16,
+    mamba_block_size: int | None = None,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> MemoryPlan:
+    """Plan ``layout`` for a memory budget or a block count (give exactly one)."""
+    if (memory_bytes is None) == (num_blocks is None):
+        raise InvalidPlanArgument(
+            f"give exactly one of memory_bytes ({memory_bytes!r}) and num_blocks ({num_blocks!r})"
+        )
+    _require_positive_int("max_num_batched_tokens", max_num_batched_tokens)
+    model_len = layout.max_model_len if max_model_len is None else max_model_len
+    _require_positive_int("max_model_len", model_len)
+    groups = kv_cache_groups(layout, block_size, mamba_block_size=mamba_block_size)
+    if memory_bytes is not None:
+        blocks = num_blocks_for_memory(groups, memory_bytes)
+        memory = memory_bytes
+    else:
+        blocks = _require_positive_int("num_blocks", num_blocks)
+        memory = blocks * groups.bytes_per_block
+    encoder_tokens = layout.max_encoder_len or 0
+    return MemoryPlan(
+        layout=layout,
+        groups=groups,
+        memory_bytes=memory,
+        num_blocks=blocks,
+        max_model_len=model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_context_tokens=max_context_tokens(
+            groups, max(blocks - 1, 0), model_len, max_num_batched_tokens, encoder_tokens
+        ),
+        blocks_per_max_request=groups.blocks_per_request(
+            model_len, max_num_batched_tokens, encoder_tokens
+        ),
+    )
+
+
+# --- memory sizes --------------------------------------------------------------------------
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "kb": 1000,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "mb": 1000**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+    "gb": 1000**3,
+    "t": 1024**4,
+    "tib": 1024**4,
+    "tb": 1000**4,
+}
+_MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*")
+
+
+def parse_memory(text: str) -> int:
+    """Bytes in a size like ``"80GiB"``, ``"80 GB"``, ``"1.5T"`` or ``"123456"``.
+
+    ``KiB``/``MiB``/``GiB``/``TiB`` and the bare ``K``/``M``/``G``/``T`` are powers of 1024;
+    ``KB``/``MB``/``GB``/``TB`` powers of 1000. Fractions round down to whole bytes.
+    """
+    if not isinstance(text, str):
+        raise InvalidMemorySize(f"memory size must be a string, got {text!r}")
+    match = _MEMORY.fullmatch(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise InvalidMemorySize(
+            f"cannot read memory size {text!r}; write e.g. 80GiB, 80GB, 512MiB or a byte count"
+        )
+    number = match.group(1)
+    whole, _, fraction = number.partition(".")
+    scale = _UNITS[unit]
+    # Exact integer arithmetic: "0.1GiB" must not suffer float rounding.
+    denominator = int(10 ** len(fraction))
+    result = (int(whole or "0") * denominator + int(fraction or "0")) * scale // denominator
+    if result <= 0:
+        raise InvalidMemorySize(f"memory size {text!r} is not a positive number of bytes")
+    return result
+
+
+def format_bytes(count: int) -> str:
+    """``count`` bytes in the largest binary unit that keeps it at least 1 (e.g. ``80 GiB``)."""
+    for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.2f} {unit}"
+    return f"{count} B"
