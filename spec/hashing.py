@@ -1,0 +1,406 @@
+"""Prefix hashing, as an executable model (seeds 002 and 004; vllm-v1-notes.md section 1).
+
+A request's tokens are cut into full blocks of ``block_size``; block ``i`` covers tokens
+``[i * block_size, (i + 1) * block_size)`` and a partial tail block gets no hash. Block ``i``
+hashes the payload ``(parent, tokens_i, extra_i)`` where ``parent`` is block ``i - 1``'s hash
+and, for block 0, the seed ``none_hash``. So a hash names a whole prefix: two chains agree at
+block ``i`` only if they agree on every block up to ``i``.
+
+``extra_i`` is ``None`` or a tuple, always in the order LoRA name, multimodal identifiers,
+cache salt, prompt-embedding bytes:
+
+* the LoRA name goes into every block;
+* a multimodal identifier goes into the blocks its feature overlaps, found by vLLM 0.13's walk
+  over the features (``mm_walk``), which carries a feature index from block to block;
+* the cache salt goes into block 0 only (it changes block 0's hash, and the chain carries the
+  change to every later block);
+* the prompt-embedding bytes of the block's own rows go into every block.
+
+Everything here is a small function over plain values (bytes, ints, tuples); the hash
+function is a parameter, so the same model describes sha256, CBOR and xxhash chains, and
+``chain_payloads`` describes the chain with the hash left symbolic (the payload itself).
+Keys of the prefix cache are block hashes followed by the 4-byte big-endian KV-cache group id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+GROUP_ID_BYTES = 4
+MAX_GROUP_ID = 2**32 - 1
+LOW_64_BITS = 2**64 - 1
+
+ExtraKeys = tuple[Any, ...] | None
+HashFunction = Callable[[Any], bytes]
+
+
+# --- Keys: block hash + group id ---------------------------------------------------------------
+
+
+def _splits_into(key: bytes, block_hash: bytes, group_id: int) -> bool:
+    """The key is four bytes longer than the hash and splits back into hash and group id."""
+    return (
+        len(key) == len(block_hash) + GROUP_ID_BYTES
+        and key_block_hash(key) == block_hash
+        and key_group_id(key) == group_id
+    )
+
+
+def key_with_group(block_hash: bytes, group_id: int) -> bytes:
+    """The prefix-cache key of ``block_hash`` in KV-cache group ``group_id``.
+
+    pre: 0 <= group_id <= MAX_GROUP_ID
+    post: _splits_into(__return__, block_hash, group_id)
+    """
+    return block_hash + group_id.to_bytes(GROUP_ID_BYTES, "big")
+
+
+def key_block_hash(key: bytes) -> bytes:
+    """The block hash inside a key (at least four bytes long): all but the last four bytes."""
+    return key[: len(key) - GROUP_ID_BYTES]
+
+
+def key_group_id(key: bytes) -> int:
+    """The group id inside a key (at least four bytes long): its last four bytes, big-endian."""
+    return int.from_bytes(key[len(key) - GROUP_ID_BYTES :], "big")
+
+
+def external_hash(block_hash: bytes, as_int: bool) -> bytes | int:
+    """The hash as KV events carry it: its low 64 bits as an int, or the bytes unchanged.
+
+    post: (0 <= __return__ <= LOW_64_BITS) if as_int else __return__ == block_hash
+    """
+    if not as_int:
+        return block_hash
+    return int.from_bytes(block_hash, "big") & LOW_64_BITS
+
+
+# --- Blocks of a token sequence -----------------------------------------------------------------
+
+
+def num_full_blocks(num_tokens: int, block_size: int) -> int:
+    """How many full blocks ``num_tokens`` tokens fill (the partial tail is not hashed).
+
+    pre: num_tokens >= 0
+    pre: block_size > 0
+    post: __return__ >= 0
+    post: __return__ * block_size <= num_tokens < (__return__ + 1) * block_size
+    """
+    return num_tokens // block_size
+
+
+def block_span(index: int, block_size: int) -> tuple[int, int]:
+    """The token range ``[start, end)`` of block ``index``.
+
+    pre: index >= 0
+    pre: block_size > 0
+    post: __return__ == (index * block_size, (index + 1) * block_size)
+    """
+    start = index * block_size
+    return start, start + block_size
+
+
+def parent_hash(previous: bytes | None, none_hash: bytes) -> bytes:
+    """The parent a block chains to: the previous block's hash, or the seed for block 0.
+
+    Like vLLM, an empty previous hash counts as no parent.
+    """
+    return previous if previous else none_hash
+
+
+def block_payload(
+    previous: bytes | None, none_hash: bytes, token_ids: tuple[int, ...], extra_keys: ExtraKeys
+) -> tuple[bytes, tuple[int, ...], ExtraKeys]:
+    """What a block's hash is taken of: ``(parent, tokens, extra_keys)``."""
+    return (parent_hash(previous, none_hash), token_ids, extra_keys)
+
+
+# --- Extra keys ---------------------------------------------------------------------------------
+
+
+def _sorted_positions(offsets: tuple[int, ...], lengths: tuple[int, ...]) -> bool:
+    return (
+        len(offsets) == len(lengths)
+        and all(o >= 0 for o in offsets)
+        and all(n >= 0 for n in lengths)
+        and all(offsets[i] <= offsets[i + 1] for i in range(len(offsets) - 1))
+    )
+
+
+def _walk_result_ok(
+    offsets: tuple[int, ...],
+    lengths: tuple[int, ...],
+    start: int,
+    end: int,
+    start_mm_idx: int,
+    result: tuple[tuple[int, ...], int],
+) -> bool:
+    """Included features overlap the block (a feature ending at ``start`` counts), come in
+    increasing order, and the next index is a feature index, one past the last, or the
+    index given (when the walk did not start)."""
+    included, next_index = result
+    count = len(offsets)
+    return (
+        all(offsets[i] < end and start <= offsets[i] + lengths[i] for i in included)
+        and all(included[k] < included[k + 1] for k in range(len(included) - 1))
+        and (next_index == start_mm_idx or 0 <= next_index <= count)
+    )
+
+
+def mm_walk(
+    offsets: tuple[int, ...],
+    lengths: tuple[int, ...],
+    start: int,
+    end: int,
+    start_mm_idx: int,
+) -> tuple[tuple[int, ...], int]:
+    """vLLM 0.13's walk over multimodal features for the block ``[start, end)``.
+
+    Feature ``i`` covers tokens ``[offsets[i], offsets[i] + lengths[i])``; features are sorted
+    by offset. Returns the indices of the features whose identifiers go into the block, in
+    order, and the index the next block's walk starts from. A negative ``start_mm_idx``
+    counts from the end (-1 is the last feature).
+
+    * If the last feature ends before ``start`` (``offset + length < start``), nothing is
+      included and the index comes back unchanged.
+    * Walking from ``start_mm_idx``: a feature starting at or after ``end`` stops the walk; a
+      feature the block has passed (``start > offset + length``: a feature ending exactly at
+      ``start`` still counts) is skipped; otherwise it is included, and the walk moves on
+      only if the feature ends within the block (``end >= offset + length``).
+
+    pre: _sorted_positions(offsets, lengths)
+    pre: 0 <= start < end
+    pre: not offsets or -len(offsets) <= start_mm_idx <= len(offsets)
+    post: _walk_result_ok(offsets, lengths, start, end, start_mm_idx, __return__)
+    """
+    count = len(offsets)
+    if count == 0 or offsets[-1] + lengths[-1] < start:
+        return (), start_mm_idx
+    index = start_mm_idx + count if start_mm_idx < 0 else start_mm_idx
+    included: tuple[int, ...] = ()
+    while index < count:
+        feature_end = offsets[index] + lengths[index]
+        if end <= offsets[index]:
+            break
+        if start > feature_end:
+            index += 1
+            continue
+        included = (*included, index)
+        if end < feature_end:
+            break
+        index += 1
+    return included, index
+
+
+def _keys_in_order(
+    keys: ExtraKeys,
+    lora_name: str | None,
+    mm_identifiers: tuple[str, ...],
+    cache_salt: str | None,
+    embeds: bytes | None,
+    start: int,
+) -> bool:
+    """``None`` when no source applies; else one key per source, in the source order."""
+    salted = start == 0 and bool(cache_salt)
+    count = (lora_name is not None) + len(mm_identifiers) + salted + (embeds is not None)
+    if keys is None:
+        return count == 0
+    first = 1 if lora_name is not None else 0
+    after_mm = first + len(mm_identifiers)
+    return (
+        len(keys) == count
+        and (lora_name is None or keys[0] == lora_name)
+        and keys[first:after_mm] == mm_identifiers
+        and (not salted or keys[after_mm] == cache_salt)
+        and (embeds is None or keys[-1] == embeds)
+    )
+
+
+def block_extra_keys(
+    lora_name: str | None,
+    mm_identifiers: tuple[str, ...],
+    cache_salt: str | None,
+    embeds: bytes | None,
+    start: int,
+) -> ExtraKeys:
+    """The extra keys of a block starting at token ``start``, or ``None`` if it has none.
+
+    Order: LoRA name, multimodal identifiers, cache salt (only when ``start == 0`` and the
+    salt is non-empty), prompt-embedding bytes.
+
+    pre: start >= 0
+    post: _keys_in_order(__return__, lora_name, mm_identifiers, cache_salt, embeds, start)
+    """
+    keys: tuple[Any, ...] = ()
+    if lora_name is not None:
+        keys = (lora_name,)
+    keys = keys + mm_identifiers
+    if start == 0 and cache_salt:
+        keys = (*keys, cache_salt)
+    if embeds is not None:
+        keys = (*keys, embeds)
+    return keys if keys else None
+
+
+def _keyed_by_sources(
+    extras: tuple[ExtraKeys, ...],
+    num_tokens: int,
+    block_size: int,
+    num_hashed_blocks: int,
+    lora_name: str | None,
+    cache_salt: str | None,
+    embed_rows: tuple[bytes, ...] | None,
+) -> bool:
+    """One entry per new full block; the LoRA name leads every block's keys, the salt is in
+    block 0's only, and each block ends with the embedding bytes of its own rows."""
+    if len(extras) != num_tokens // block_size - num_hashed_blocks:
+        return False
+    for offset, keys in enumerate(extras):
+        start, end = block_span(num_hashed_blocks + offset, block_size)
+        salted = start == 0 and bool(cache_salt)
+        if keys is None:
+            if lora_name is not None or salted or embed_rows is not None:
+                return False
+            continue
+        if lora_name is not None and keys[0] != lora_name:
+            return False
+        if embed_rows is not None and keys[-1] != b"".join(embed_rows[start:end]):
+            return False
+        salt_at = len(keys) - 1 - (embed_rows is not None)
+        if salted and keys[salt_at] != cache_salt:
+            return False
+    return True
+
+
+def new_blocks_extra_keys(
+    num_tokens: int,
+    block_size: int,
+    num_hashed_blocks: int,
+    lora_name: str | None,
+    mm_identifiers: tuple[str, ...],
+    mm_offsets: tuple[int, ...],
+    mm_lengths: tuple[int, ...],
+    cache_salt: str | None,
+    embed_rows: tuple[bytes, ...] | None,
+) -> tuple[ExtraKeys, ...]:
+    """The extra keys of the blocks one hasher call adds to a request.
+
+    The request has ``num_tokens`` tokens and ``num_hashed_blocks`` blocks already hashed; the
+    call hashes the full blocks after those. Its multimodal walk starts at feature 0 when it
+    begins at block 0 and at the last feature otherwise, then carries the index from block to
+    block. ``embed_rows`` holds each prompt token's embedding bytes; a block past the prompt
+    gets the bytes of the rows it has (``b""`` for none), as slicing a tensor gives.
+
+    Hashing in one call and hashing in several calls give the same keys, except around
+    multimodal features that the later calls' walk (which starts at the last feature) sees
+    differently: a feature ending exactly where such a call's first block starts, or a feature
+    before the last one reaching into that block. That is vLLM 0.13's behaviour, kept here on purpose.
+
+    pre: num_tokens >= 0
+    pre: block_size > 0
+    pre: 0 <= num_hashed_blocks <= num_tokens // block_size
+    pre: len(mm_identifiers) == len(mm_offsets)
+    pre: _sorted_positions(mm_offsets, mm_lengths)
+    post: _keyed_by_sources(__return__, num_tokens, block_size, num_hashed_blocks, lora_name, cache_salt, embed_rows)
+    """  # noqa: E501 (a PEP 316 condition must fit on one line)
+    mm_idx = 0 if num_hashed_blocks == 0 else -1
+    extras: tuple[ExtraKeys, ...] = ()
+    for index in range(num_hashed_blocks, num_tokens // block_size):
+        start, end = block_span(index, block_size)
+        included, mm_idx = mm_walk(mm_offsets, mm_lengths, start, end, mm_idx)
+        embeds = None if embed_rows is None else b"".join(embed_rows[start:end])
+        identifiers = tuple(mm_identifiers[i] for i in included)
+        extras = (*extras, block_extra_keys(lora_name, identifiers, cache_salt, embeds, start))
+    return extras
+
+
+# --- Chains -------------------------------------------------------------------------------------
+
+
+def _is_chain(
+    chain: tuple[Any, ...],
+    none_hash: bytes,
+    token_ids: tuple[int, ...],
+    block_size: int,
+    extra_keys: tuple[ExtraKeys, ...],
+) -> bool:
+    """One link per full block; link ``i`` holds block ``i``'s tokens and extra keys, and its
+    parent is link ``i - 1`` (the seed for link 0)."""
+    return len(chain) == len(token_ids) // block_size and all(
+        chain[i]
+        == (
+            chain[i - 1] if i else none_hash,
+            token_ids[i * block_size : (i + 1) * block_size],
+            extra_keys[i],
+        )
+        for i in range(len(chain))
+    )
+
+
+def chain_payloads(
+    none_hash: bytes,
+    token_ids: tuple[int, ...],
+    block_size: int,
+    extra_keys: tuple[ExtraKeys, ...],
+) -> tuple[Any, ...]:
+    """The chain with the hash function left symbolic: each block's "hash" is its payload.
+
+    Payloads are nested values, so two chains are equal exactly when every block's parent,
+    tokens and extra keys are: the model of a collision-free hash.
+
+    pre: block_size > 0
+    pre: len(extra_keys) == len(token_ids) // block_size
+    post: _is_chain(__return__, none_hash, token_ids, block_size, extra_keys)
+    """
+    chain: tuple[Any, ...] = ()
+    previous: Any = None
+    for index in range(len(token_ids) // block_size):
+        start, end = block_span(index, block_size)
+        previous = (previous if previous else none_hash, token_ids[start:end], extra_keys[index])
+        chain = (*chain, previous)
+    return chain
+
+
+def chain_hashes(
+    hash_fn: HashFunction,
+    none_hash: bytes,
+    token_ids: tuple[int, ...],
+    block_size: int,
+    extra_keys: tuple[ExtraKeys, ...],
+    previous: bytes | None = None,
+) -> tuple[bytes, ...]:
+    """The block hashes of ``token_ids``' full blocks, chained onto ``previous``.
+
+    ``chain_payloads`` with ``hash_fn`` applied at each step: block ``i``'s hash is
+    ``hash_fn(block_payload(hash of block i - 1, none_hash, tokens_i, extra_i))``.
+    """
+    hashes: tuple[bytes, ...] = ()
+    for index in range(len(token_ids) // block_size):
+        start, end = block_span(index, block_size)
+        payload = block_payload(previous, none_hash, token_ids[start:end], extra_keys[index])
+        previous = hash_fn(payload)
+        hashes = (*hashes, previous)
+    return hashes
+
+
+def _concatenates(coarse: tuple[bytes, ...], fine: tuple[bytes, ...], scale: int) -> bool:
+    """One coarse hash per whole group of ``scale`` fine hashes, each their concatenation."""
+    return len(coarse) == len(fine) // scale and all(
+        coarse[i] == b"".join(fine[i * scale : (i + 1) * scale]) for i in range(len(coarse))
+    )
+
+
+def coarse_hashes(fine_hashes: tuple[bytes, ...], scale: int) -> tuple[bytes, ...]:
+    """vLLM 0.13's hashes for blocks ``scale`` times the hash block size: concatenations.
+
+    Coarse block ``i`` is the concatenation of fine hashes ``[i * scale, (i + 1) * scale)``;
+    a trailing partial group has no coarse hash.
+
+    pre: scale > 0
+    post: _concatenates(__return__, fine_hashes, scale)
+    """
+    return tuple(
+        b"".join(fine_hashes[i * scale : (i + 1) * scale])
+        for i in range(len(fine_hashes) // scale)
+    )

@@ -1,0 +1,105 @@
+"""Prefix-hashing mutants: bugs that break prefix-cache isolation or key layout.
+
+Each replaces one function of impl.hashing, in that module and in every impl module that
+imported it by name, so the bug is seen wherever the function is used.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from impl import hashing
+from impl.hashing import BlockHash, BlockHashWithGroupId, HashFunction
+from impl.request import Request
+from tests.mutants import Mutant
+
+HASHING_TESTS = "tests/test_hashing.py"
+
+
+def _replace_everywhere(name: str, replacement: Any) -> None:
+    original = getattr(hashing, name)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("impl") and getattr(module, name, None) is original:
+            setattr(module, name, replacement)
+
+
+def salt_in_every_block() -> None:
+    """The cache salt goes into every block's extra keys, not only block 0's."""
+
+    def generate_block_hash_extra_keys(
+        request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+    ) -> tuple[tuple[Any, ...] | None, int]:
+        keys: list[Any] = []
+        if request.lora_request is not None:
+            keys.append(request.lora_request.lora_name)
+        mm_keys, next_mm_idx = hashing._mm_extra_keys(
+            request.mm_features, start_token_idx, end_token_idx, start_mm_idx
+        )
+        keys.extend(mm_keys)
+        if request.cache_salt:
+            keys.append(request.cache_salt)
+        if request.prompt_embeds is not None:
+            keys.append(hashing._prompt_embeds_bytes(
+                request.prompt_embeds, start_token_idx, end_token_idx))
+        return (tuple(keys) if keys else None), next_mm_idx
+
+    _replace_everywhere("generate_block_hash_extra_keys", generate_block_hash_extra_keys)
+
+
+def request_hasher_ignores_parent() -> None:
+    """The request block hasher seeds every block with NONE_HASH instead of chaining."""
+
+    def get_request_block_hasher(
+        block_size: int, caching_hash_fn: HashFunction
+    ) -> Callable[[Request], list[BlockHash]]:
+        def request_block_hasher(request: Request) -> list[BlockHash]:
+            start = len(request.block_hashes) * block_size
+            mm_idx = 0 if start == 0 else -1
+            hashes: list[BlockHash] = []
+            while start + block_size <= request.num_tokens:
+                end = start + block_size
+                extra, mm_idx = hashing.generate_block_hash_extra_keys(
+                    request, start, end, mm_idx)
+                hashes.append(hashing.hash_block_tokens(
+                    caching_hash_fn, None, request.all_token_ids[start:end], extra))
+                start = end
+            return hashes
+
+        return request_block_hasher
+
+    _replace_everywhere("get_request_block_hasher", get_request_block_hasher)
+
+
+def group_id_little_endian() -> None:
+    """Group ids are appended to keys little-endian."""
+
+    def make_block_hash_with_group_id(
+        block_hash: BlockHash, group_id: int
+    ) -> BlockHashWithGroupId:
+        return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "little"))
+
+    _replace_everywhere("make_block_hash_with_group_id", make_block_hash_with_group_id)
+
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        "hash-salt-every-block",
+        "the cache salt is keyed into every block, not only the first",
+        salt_in_every_block,
+        (f"{HASHING_TESTS}::test_request_hashes_agree_with_spec",),
+    ),
+    Mutant(
+        "hash-parent-ignored",
+        "the request hasher does not chain blocks to their parent",
+        request_hasher_ignores_parent,
+        (f"{HASHING_TESTS}::test_request_hashes_agree_with_spec",),
+    ),
+    Mutant(
+        "hash-group-id-little-endian",
+        "group ids are appended to prefix-cache keys little-endian",
+        group_id_little_endian,
+        (f"{HASHING_TESTS}::test_group_id_key_round_trip_matches_spec",),
+    ),
+]
