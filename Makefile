@@ -30,7 +30,7 @@ test: setup
 check: setup
 	$(PY) -m mypy --strict spec impl models tests benchmarks
 	$(PY) -m ruff check .
-	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) --max_uninteresting_iterations=64 spec/pool.py
+	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) --max_uninteresting_iterations=64 spec/pool.py spec/pool_programs.py
 
 mutants: setup
 	$(PY) -m tests.mutants

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING, overload
 
 from impl.hashing import (
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _GROUP_ID_SUFFIXES = tuple(gid.to_bytes(4, "big") for gid in range(256))
+_GROUP_0 = _GROUP_ID_SUFFIXES[0]
+_pool_of = attrgetter("_pool")
 
 
 class BlockPoolError(Exception):
@@ -76,56 +79,91 @@ def _suffix(group_id: int) -> bytes:
     return group_id.to_bytes(4, "big")
 
 
+Entry = KVCacheBlock | list[KVCacheBlock]
+
+
+def _split_key(key: bytes) -> tuple[bytes, int]:
+    if type(key) is not bytes or len(key) < 4:
+        raise InvalidBlockHashError(f"a block hash key must be bytes of length >= 4, got {key!r}")
+    return key[:-4], int.from_bytes(key[-4:], "big")
+
+
 class BlockHashToBlockMap:
     """Prefix-cache key -> the blocks cached under it, first inserted first.
 
+    Keys are ``BlockHashWithGroupId`` (block hash + 4-byte group id) as in vLLM, but they are
+    stored split: one dict per KV-cache group, keyed by the bare block hash, so that a
+    lookup needs no key concatenation and reuses the hash the bytes object has cached.
     One block is stored bare; a second one under the same key turns the entry into a list.
     The same content may be cached in several blocks (no de-duplication: block tables are
     append-only), and lookups return the first.
     """
 
     def __init__(self) -> None:
-        self._cache: dict[bytes, KVCacheBlock | list[KVCacheBlock]] = {}
+        self._groups: dict[int, dict[bytes, Entry]] = {}
+
+    def _group(self, group_id: int) -> dict[bytes, Entry]:
+        group = self._groups.get(group_id)
+        if group is None:
+            group = self._groups[group_id] = {}
+        return group
 
     def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
-        entry = self._cache.get(key)
+        block_hash, group_id = _split_key(key)
+        entry = self._groups.get(group_id, {}).get(block_hash)
         if entry is None or type(entry) is KVCacheBlock:
             return entry
         return entry[0]  # type: ignore[index]
 
     def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
-        entry = self._cache.get(key)
-        if entry is None:
-            self._cache[key] = block
-        elif type(entry) is list:
-            entry.append(block)
-        else:
-            self._cache[key] = [entry, block]  # type: ignore[list-item]
+        block_hash, group_id = _split_key(key)
+        _insert(self._group(group_id), block_hash, block)
 
     def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
-        entry = self._cache.get(key)
+        block_hash, group_id = _split_key(key)
+        group = self._groups.get(group_id, {})
+        entry = group.get(block_hash)
         if entry is None:
             return None
-        if type(entry) is not list:
-            if entry.block_id != block_id:  # type: ignore[union-attr]
-                return None
-            del self._cache[key]
-            return entry  # type: ignore[return-value]
-        for index, block in enumerate(entry):
+        blocks: list[KVCacheBlock] = entry if isinstance(entry, list) else [entry]
+        for block in blocks:
             if block.block_id == block_id:
-                del entry[index]
-                if not entry:
-                    del self._cache[key]
+                _remove(group, block_hash, block)
                 return block
         return None
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return sum(len(group) for group in self._groups.values())
+
+    def clear(self) -> None:
+        self._groups.clear()
 
     def items(self) -> Iterator[tuple[bytes, list[KVCacheBlock]]]:
-        """Each key with its blocks, first inserted first (for audits and tests)."""
-        for key, entry in self._cache.items():
-            yield key, list(entry) if type(entry) is list else [entry]  # type: ignore[list-item]
+        """Each key (hash + group id) with its blocks, first inserted first (for audits)."""
+        for group_id, group in self._groups.items():
+            suffix = group_id.to_bytes(4, "big")
+            for block_hash, entry in group.items():
+                yield block_hash + suffix, list(entry) if isinstance(entry, list) else [entry]
+
+
+def _insert(group: dict[bytes, Entry], block_hash: bytes, block: KVCacheBlock) -> None:
+    entry = group.get(block_hash)
+    if entry is None:
+        group[block_hash] = block
+    elif type(entry) is list:
+        entry.append(block)
+    else:
+        group[block_hash] = [entry, block]  # type: ignore[list-item]
+
+
+def _remove(group: dict[bytes, Entry], block_hash: bytes, block: KVCacheBlock) -> None:
+    entry = group[block_hash]
+    if entry is block:
+        del group[block_hash]
+    else:
+        entry.remove(block)  # type: ignore[union-attr]
+        if not entry:
+            del group[block_hash]
 
 
 class _LazyBlocks(Sequence[KVCacheBlock]):
@@ -184,9 +222,10 @@ class BlockPool:
         self.blocks: Sequence[KVCacheBlock] = _LazyBlocks(self)
         self.free_block_queue = FreeKVCacheBlockQueue._fresh(1, num_gpu_blocks, self._materialize)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self._groups = self.cached_block_hash_to_block._groups
         self._in_use: set[KVCacheBlock] = set()
         self._extra_refs: Counter[KVCacheBlock] = Counter()
-        self._key_of: dict[KVCacheBlock, BlockHashWithGroupId] = {}
+        self._key_of: dict[KVCacheBlock, tuple[bytes, int]] = {}  # block -> (hash, group)
         self.kv_event_queue: list[KVCacheEvent] = []
 
     # -- block objects -------------------------------------------------------------------
@@ -210,10 +249,14 @@ class BlockPool:
             return self._extra_refs[block] + 1 if block in self._extra_refs else 1
         return 0
 
-    def _check_owned(self, blocks: Iterable[KVCacheBlock]) -> None:
-        for block in blocks:
-            if not isinstance(block, KVCacheBlock) or block._pool is not self:
-                raise BlockNotInPoolError(f"{block!r} is not a block of this pool")
+    def _check_owned(self, blocks: list[KVCacheBlock]) -> None:
+        try:
+            if set(map(_pool_of, blocks)) <= {self}:
+                return
+        except AttributeError:
+            pass
+        stranger = next(b for b in blocks if not isinstance(b, KVCacheBlock) or b._pool is not self)
+        raise BlockNotInPoolError(f"{stranger!r} is not a block of this pool")
 
     # -- prefix-cache lookup -------------------------------------------------------------
 
@@ -223,14 +266,18 @@ class BlockPool:
         """The first block cached under block_hash in each group, or None if any group misses."""
         if type(block_hash) is not bytes:
             raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
-        cache = self.cached_block_hash_to_block._cache
+        groups = self._groups
         found = []
         for group_id in kv_cache_group_ids:
-            entry = cache.get(block_hash + _suffix(group_id))
+            group = groups.get(group_id)
+            if group is None:
+                _suffix(group_id)  # refuses a malformed group id
+                return None
+            entry = group.get(block_hash)
             if entry is None:
                 return None
             found.append(entry if type(entry) is KVCacheBlock else entry[0])  # type: ignore[index]
-        return found  # type: ignore[return-value]
+        return found
 
     def cache_full_blocks(
         self,
@@ -244,7 +291,7 @@ class BlockPool:
         """Key blocks[num_cached_blocks:num_full_blocks] with the request's chain hashes."""
         if num_cached_blocks >= num_full_blocks or not self.enable_caching:
             return
-        hashes: Sequence[BlockHash] = request.block_hashes
+        hashes: Sequence[BlockHash] | BlockHashListWithBlockSize = request.block_hashes
         if block_size != self.hash_block_size:
             hashes = BlockHashListWithBlockSize(request.block_hashes, self.hash_block_size,
                                                 block_size)
@@ -253,39 +300,45 @@ class BlockPool:
                 f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}) of "
                 f"{len(blocks)} blocks with {len(hashes)} block hashes"
             )
-        suffix = _suffix(kv_cache_group_id)
-        null, key_of = self.null_block, self._key_of
+        _suffix(kv_cache_group_id)  # refuses a malformed group id
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
-        new_hashes = hashes[num_cached_blocks:num_full_blocks]
-        pairs = [(b, h) for b, h in zip(new_blocks, new_hashes, strict=True) if b is not null]
-        self._check_owned(b for b, _ in pairs)
-        for block, block_hash in pairs:
-            if block in key_of:
-                raise BlockAlreadyCachedError(
-                    f"block {block.block_id} already has a key {key_of[block]!r}"
-                )
-            if type(block_hash) is not bytes:
-                raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
-        if len({id(b) for b, _ in pairs}) != len(pairs):
+        new_hashes = list(hashes[num_cached_blocks:num_full_blocks])
+        if not self._in_use.issuperset(new_blocks):  # free, foreign or null blocks
+            null = self.null_block
+            if null in new_blocks:
+                kept = [i for i, b in enumerate(new_blocks) if b is not null]
+                new_blocks = [new_blocks[i] for i in kept]
+                new_hashes = [new_hashes[i] for i in kept]
+            self._check_owned(new_blocks)
+        if not new_blocks:
+            return
+        key_of = self._key_of
+        if not key_of.keys().isdisjoint(new_blocks):
+            keyed = next(b for b in new_blocks if b in key_of)
             raise BlockAlreadyCachedError(
-                f"a block appears twice in {[b.block_id for b, _ in pairs]}"
+                f"block {keyed.block_id} already has a key {keyed.block_hash!r}"
             )
-        cache = self.cached_block_hash_to_block._cache
-        for block, block_hash in pairs:
-            key = BlockHashWithGroupId(block_hash + suffix)
-            key_of[block] = key
-            entry = cache.get(key)
-            if entry is None:
-                cache[key] = block
-            elif type(entry) is list:
-                entry.append(block)
-            else:
-                cache[key] = [entry, block]  # type: ignore[list-item]
-        if self.enable_kv_cache_events and pairs:
+        if len(set(new_blocks)) != len(new_blocks):
+            raise BlockAlreadyCachedError(
+                f"a block appears twice in {[b.block_id for b in new_blocks]}"
+            )
+        if set(map(type, new_hashes)) != {bytes}:
+            bad = next(h for h in new_hashes if type(h) is not bytes)
+            raise InvalidBlockHashError(f"block hash must be bytes, got {bad!r}")
+        key_of.update(zip(new_blocks, zip(new_hashes, repeat(kv_cache_group_id)), strict=True))
+        group = self._groups.get(kv_cache_group_id)
+        if group is None:
+            group = self._groups[kv_cache_group_id] = {}
+        if group.keys().isdisjoint(new_hashes) and len(set(new_hashes)) == len(new_hashes):
+            group.update(zip(new_hashes, new_blocks, strict=True))
+        else:
+            for block_hash, block in zip(new_hashes, new_blocks, strict=True):
+                _insert(group, block_hash, block)
+        if self.enable_kv_cache_events:
             lora = getattr(request, "lora_request", None)
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
             self.kv_event_queue.append(BlockStored(
-                block_hashes=[maybe_convert_block_hash(h) for _, h in pairs],
+                block_hashes=[maybe_convert_block_hash(h) for h in new_hashes],
                 parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
                 token_ids=list(request.all_token_ids[
                     num_cached_blocks * block_size : num_full_blocks * block_size]),
@@ -305,10 +358,9 @@ class BlockPool:
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
         blocks = self.free_block_queue.popleft_n(num_blocks)
-        if self._key_of and not self._key_of.keys().isdisjoint(blocks):
-            for block in blocks:
-                if block in self._key_of:
-                    self._evict(block)
+        key_of = self._key_of
+        if key_of and not key_of.keys().isdisjoint(blocks):
+            self._evict_all([b for b in blocks if b in key_of])
         collector = self.metrics_collector
         if collector is not None:
             for block in blocks:
@@ -318,16 +370,17 @@ class BlockPool:
         self._in_use.update(blocks)
         return blocks
 
-    def _evict(self, block: KVCacheBlock) -> bool:
-        key = self._key_of.pop(block, None)
-        if key is None:
-            return False
-        self.cached_block_hash_to_block.pop(key, block.block_id)
+    def _evict_all(self, keyed: list[KVCacheBlock]) -> None:
+        """Drop the keys of keyed blocks (each has one) from the blocks and from the map."""
+        pop_key, groups = self._key_of.pop, self._groups
+        keys = [pop_key(block) for block in keyed]
+        for (block_hash, group_id), block in zip(keys, keyed, strict=True):
+            _remove(groups[group_id], block_hash, block)
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(BlockRemoved(
-                block_hashes=[maybe_convert_block_hash(BlockHash(key[:-4]))], medium=MEDIUM_GPU
-            ))
-        return True
+            self.kv_event_queue.extend(
+                BlockRemoved(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
+                             medium=MEDIUM_GPU)
+                for block_hash, _ in keys)
 
     def touch(self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock]) -> None:
         """A prefix-cache hit: free blocks leave the free queue, every ref count + 1.
@@ -338,27 +391,32 @@ class BlockPool:
             list(blocks) if not blocks or isinstance(blocks[0], KVCacheBlock)  # type: ignore[arg-type]
             else list(chain.from_iterable(blocks))  # type: ignore[arg-type]
         )
-        null = self.null_block
-        if null in flat:
-            flat = [b for b in flat if b is not null]
         in_use = self._in_use
-        if in_use.issuperset(flat):
+        if in_use.issuperset(flat):  # the null block is never in use: it takes the other path
             self._extra_refs.update(flat)
         else:
-            self._touch_some_free(flat)
+            null = self.null_block
+            if null in flat:
+                flat = [b for b in flat if b is not null]
+            if len(set(flat)) == len(flat):
+                leaving = [b for b in flat if b not in in_use]
+                self._check_owned(leaving)
+                self.free_block_queue._remove_free(leaving)
+                if len(leaving) < len(flat):
+                    self._extra_refs.update([b for b in flat if b in in_use])
+                in_use.update(leaving)
+            else:
+                self._touch_one_by_one(flat)
         if self.metrics_collector is not None:
             for block in flat:
                 self.metrics_collector.on_block_accessed(block)
 
-    def _touch_some_free(self, flat: list[KVCacheBlock]) -> None:
-        self._check_owned(flat)
-        in_use, queue = self._in_use, self.free_block_queue
-        leaving = [b for b in dict.fromkeys(flat) if b not in in_use]
-        for block in leaving:  # find them all before removing any
-            queue._find(block)
-        for block in leaving:
-            queue.remove(block)
-        in_use.update(leaving)
+    def _touch_one_by_one(self, flat: list[KVCacheBlock]) -> None:
+        """touch() when a block is listed twice: the first hit takes it out of the queue."""
+        leaving = [b for b in dict.fromkeys(flat) if b not in self._in_use]
+        self._check_owned(leaving)
+        self.free_block_queue._remove_free(leaving)
+        self._in_use.update(leaving)
         self._extra_refs.update(flat)
         self._extra_refs.subtract(leaving)
         for block in leaving:
@@ -368,26 +426,37 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Ref - 1 for each block; blocks reaching 0 go to the free queue's tail in order."""
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
-        null = self.null_block
-        if null in blocks:
-            blocks = [b for b in blocks if b is not null]
         in_use, extra = self._in_use, self._extra_refs
         if not in_use.issuperset(blocks):
-            self._check_owned(blocks)
-            stranger = next(b for b in blocks if b not in in_use)
-            raise BlockNotInUseError(f"block {stranger.block_id} is freed with ref count 0")
+            null = self.null_block
+            if null in blocks:
+                blocks = [b for b in blocks if b is not null]
+            if not in_use.issuperset(blocks):
+                self._check_owned(blocks)
+                stranger = next(b for b in blocks if b not in in_use)
+                raise BlockNotInUseError(f"block {stranger.block_id} is freed with ref count 0")
         if extra and not extra.keys().isdisjoint(blocks):
-            self._free_some_shared(blocks)
-            return
+            if len(set(blocks)) != len(blocks):
+                self._free_one_by_one(blocks)
+                return
+            zeroed = [b for b in blocks if b not in extra]
+            if len(zeroed) < len(blocks):
+                for block in [b for b in blocks if b in extra]:
+                    if extra[block] == 1:
+                        del extra[block]
+                    else:
+                        extra[block] -= 1
+            blocks = zeroed
         before = len(in_use)
         in_use.difference_update(blocks)
         if before - len(in_use) != len(blocks):  # a block listed twice
             in_use.update(blocks)
-            self._free_some_shared(blocks)
+            self._free_one_by_one(blocks)
             return
         self.free_block_queue.append_n(blocks)
 
-    def _free_some_shared(self, blocks: list[KVCacheBlock]) -> None:
+    def _free_one_by_one(self, blocks: list[KVCacheBlock]) -> None:
+        """free_blocks() when a block is listed twice: each listing drops one reference."""
         extra = self._extra_refs
         remaining: dict[KVCacheBlock, int] = {}
         zeroed = []
@@ -420,7 +489,8 @@ class BlockPool:
             if block is not None:
                 if self.metrics_collector is not None:
                     self.metrics_collector.on_block_evicted(block)
-                self._evict(block)
+                if block in self._key_of:
+                    self._evict_all([block])
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached key; refused (False) while any block but the null one is in use."""
@@ -431,7 +501,7 @@ class BlockPool:
                 num_used - 1,
             )
             return False
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hash_to_block.clear()
         self._key_of.clear()
         if self.metrics_collector is not None:
             self.metrics_collector.reset()

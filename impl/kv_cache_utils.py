@@ -7,12 +7,13 @@ pointers per block, walked one block at a time. Here the free order is a plain l
 block objects read from a head index, so a request's blocks move in and out with single
 C-level slice and extend calls:
 
-* ``_entries[_head - _base:]`` is the free order after the *fresh run* (see below);
-  ``_base`` is the absolute position of ``_entries[0]`` and ``_head`` that of the next
-  entry to reuse. Positions only grow, so a remembered position stays meaningful.
-* ``remove(block)`` (a cache hit on a free block) writes ``None`` over the block's entry,
-  a hole that ``popleft_n`` skips. Positions are indexed lazily (``_where``), only when a
-  removal needs one, so workloads without hits never pay for the index.
+* ``_entries[_head:]`` is the free order after the *fresh run* (see below); appends go to
+  the tail with one ``extend``, allocations take a slice from the head.
+* ``remove(block)`` (a cache hit on a free block) is lazy: the block's entry stays where it
+  is and becomes *stale*; ``_stale[block]`` counts a block's stale entries. A block's
+  entries sit in the list in the order it was freed, so all but its newest are stale, and
+  ``popleft_n`` skips a block's entry while its stale count is positive. Nothing is indexed,
+  so freeing costs the same whether or not hits come later.
 * The *fresh run* ``[_fresh_next, _fresh_end)`` is the ids never handed out yet, which
   always sit at the head: a pool of a million blocks starts as two integers, and block
   objects are created the first time a block is allocated.
@@ -22,7 +23,7 @@ The order is exactly the linked list's: head first, appends at the tail, removal
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from impl.hashing import (
@@ -139,7 +140,10 @@ class KVCacheBlock:
     @property
     def block_hash(self) -> BlockHashWithGroupId | None:
         pool = self._pool
-        return self._block_hash if pool is None else pool._key_of.get(self)
+        if pool is None:
+            return self._block_hash
+        key = pool._key_of.get(self)
+        return None if key is None else BlockHashWithGroupId(key[0] + key[1].to_bytes(4, "big"))
 
     @block_hash.setter
     def block_hash(self, block_hash: BlockHashWithGroupId) -> None:
@@ -172,12 +176,10 @@ class FreeKVCacheBlockQueue:
     """
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
-        self._entries: list[KVCacheBlock | None] = list(blocks)
-        self._base = 0
+        self._entries: list[KVCacheBlock] = list(blocks)
         self._head = 0
-        self._num_holes = 0
-        self._where: dict[KVCacheBlock | None, int] = {}
-        self._indexed_to = 0
+        self._stale: dict[KVCacheBlock, int] = {}
+        self._num_stale = 0
         self._fresh_next = 0
         self._fresh_end = 0
         self._materialize: Callable[[int, int], list[KVCacheBlock]] | None = None
@@ -212,81 +214,91 @@ class FreeKVCacheBlockQueue:
         fresh: list[KVCacheBlock] | None = None
         first = self._fresh_next
         if first < self._fresh_end:
-            assert self._materialize is not None
             last = min(first + n, self._fresh_end)
-            fresh = self._materialize(first, last)
+            fresh = self._materialize(first, last)  # type: ignore[misc]
             self._fresh_next = last
             n -= last - first
             if n == 0:
                 return fresh
-        entries = self._entries
-        start = self._head - self._base
+        entries, stale = self._entries, self._stale
+        start = self._head
         stop = start + n
         taken = entries[start:stop]
-        if self._num_holes:
-            holes = taken.count(None)
-            while holes:
-                self._num_holes -= holes
-                taken = [block for block in taken if block is not None]
-                more = entries[stop : stop + holes]
-                stop += holes
-                taken += more
-                holes = more.count(None)
-        self._head = self._base + stop
+        if stale and not stale.keys().isdisjoint(taken):
+            live: list[KVCacheBlock] = []
+            while True:
+                for block in taken:
+                    count = stale.get(block)
+                    if count:
+                        self._num_stale -= 1
+                        if count == 1:
+                            del stale[block]
+                        else:
+                            stale[block] = count - 1
+                    else:
+                        live.append(block)
+                missing = n - len(live)
+                if not missing:
+                    break
+                taken = entries[stop : stop + missing]
+                stop += missing
+            taken = live
+        self._head = stop
         if stop > 1024 and stop > len(entries) >> 1:
             del entries[:stop]
-            self._base = self._head
-        out: list[KVCacheBlock] = taken  # type: ignore[assignment]  # holes filtered above
-        return out if fresh is None else fresh + out
+            self._head = 0
+        return taken if fresh is None else fresh + taken
 
     def remove(self, block: KVCacheBlock) -> None:
-        position = self._where.get(block)
-        if (
-            position is None
-            or position < self._head
-            or self._entries[position - self._base] is not block
-        ):
-            position = self._find(block)
-        self._entries[position - self._base] = None
-        self._num_holes += 1
-        self.num_free_blocks -= 1
-        if self._num_holes > 64 and self._num_holes > self.num_free_blocks:
-            self._squeeze_holes()
-
-    def _find(self, block: KVCacheBlock) -> int:
-        """The absolute position of a free block, indexing entries not indexed yet."""
-        if self._fresh_next <= block.block_id < self._fresh_end:
-            self._spill_fresh_run()
-        entries, base = self._entries, self._base
-        start = max(self._indexed_to, self._head)
-        tail = base + len(entries)
-        if start < tail:
-            self._where.update(zip(entries[start - base :], range(start, tail), strict=True))
-            self._indexed_to = tail
-        position = self._where.get(block)
-        if position is None or position < self._head or entries[position - base] is not block:
+        """Take a free block out of the queue. Checks membership by counting (O(free));
+        BlockPool, which knows which blocks are free, uses the unchecked ``_remove_free``."""
+        if not self._holds(block):
             raise BlockNotFreeError(f"block {block.block_id} is not in the free queue")
-        return position
+        self._remove_free([block])
+
+    def _holds(self, block: KVCacheBlock) -> bool:
+        if self._fresh_next <= block.block_id < self._fresh_end and self._materialize:
+            return self._materialize(block.block_id, block.block_id + 1)[0] is block
+        listed = sum(1 for b in self._entries[self._head :] if b is block)
+        return listed > self._stale.get(block, 0)
+
+    def _remove_free(self, blocks: list[KVCacheBlock]) -> None:
+        """Take blocks known to be free (each once) out of the queue."""
+        if self._fresh_next < self._fresh_end and any(
+                self._fresh_next <= b.block_id < self._fresh_end for b in blocks):
+            self._spill_fresh_run()
+        stale = self._stale
+        for block in blocks:
+            stale[block] = stale.get(block, 0) + 1
+        self._num_stale += len(blocks)
+        self.num_free_blocks -= len(blocks)
+        if self._num_stale > 64 and self._num_stale > self.num_free_blocks:
+            self._drop_stale_entries()
+
+    def _live_entries(self) -> list[KVCacheBlock]:
+        """entries[head:] without the stale ones, in order."""
+        skip = dict(self._stale)
+        live = []
+        for block in self._entries[self._head :]:
+            count = skip.get(block)
+            if count:
+                skip[block] = count - 1
+            else:
+                live.append(block)
+        return live
+
+    def _drop_stale_entries(self) -> None:
+        self._entries[:] = self._live_entries()
+        self._head = 0
+        self._stale.clear()
+        self._num_stale = 0
 
     def _spill_fresh_run(self) -> None:
         """Turn the fresh run into ordinary entries (only a hit on a never-used block needs it)."""
-        assert self._materialize is not None
-        fresh = self._materialize(self._fresh_next, self._fresh_end)
+        fresh = self._materialize(self._fresh_next, self._fresh_end)  # type: ignore[misc]
         self._fresh_next = self._fresh_end
-        live = self._entries[self._head - self._base :]
-        self._entries[:] = [*fresh, *live]
-        self._restart_positions()
-
-    def _squeeze_holes(self) -> None:
-        live = self._entries[self._head - self._base :]
-        self._entries[:] = [block for block in live if block is not None]
-        self._num_holes = 0
-        self._restart_positions()
-
-    def _restart_positions(self) -> None:
-        self._base = self._head
-        self._where.clear()
-        self._indexed_to = self._base
+        self._entries[: self._head] = fresh
+        self._head = 0
 
     # -- putting blocks back -------------------------------------------------------------
 
@@ -304,10 +316,8 @@ class FreeKVCacheBlockQueue:
         """Every free block, head first. Costs O(free); meant for tests and audits."""
         fresh: list[KVCacheBlock] = []
         if self._fresh_next < self._fresh_end:
-            assert self._materialize is not None
-            fresh = self._materialize(self._fresh_next, self._fresh_end)
-        live = self._entries[self._head - self._base :]
-        return fresh + [block for block in live if block is not None]
+            fresh = self._materialize(self._fresh_next, self._fresh_end)  # type: ignore[misc]
+        return fresh + self._live_entries()
 
-    def __iter__(self) -> Iterable[KVCacheBlock]:
+    def __iter__(self) -> Iterator[KVCacheBlock]:
         return iter(self.get_all_free_blocks())

@@ -20,10 +20,26 @@ NULL_BLOCK: BlockId = 0
 
 
 class Profile(Enum):
-    """Which vLLM release's observable behaviour the model follows."""
+    """Which vLLM release's observable behaviour the model follows.
 
-    V0_13 = "vllm-0.13"  # every block reaching ref 0 goes to the tail, in the order given
-    V0_33 = "vllm-0.33"  # unkeyed ones go to the head (in the order given), keyed ones to the tail
+    Each observable difference is a parameter (a property below) that the operations read;
+    the operations themselves are shared.
+    """
+
+    V0_13 = "vllm-0.13"  # the seeds
+    V0_33 = "vllm-0.33"
+
+    @property
+    def unkeyed_freed_to_head(self) -> bool:
+        """Blocks reaching ref 0 without a key (or with caching off) go to the head of the free
+        order, in the order given, instead of the tail (0.33: LIFO reuse of unkeyed blocks)."""
+        return self is Profile.V0_33
+
+    @property
+    def stored_event_when_nothing_keyed(self) -> bool:
+        """cache_full_blocks over a range of only null blocks still emits a Stored event,
+        with no hashes (0.33 builds the event for every call that has a range to cache)."""
+        return self is Profile.V0_33
 
 
 # --- Events (vllm-v1-notes 7). Hashes are external hashes: the low 64 bits, as ints. -----------
@@ -119,6 +135,7 @@ def make_key(block_hash: bytes, group_id: int) -> Key:
     """The map key of a block hash in one KV-cache group (vllm-v1-notes 1.1).
 
     pre: 0 <= group_id < 2 ** 32
+    raises: BadHash
     post: __return__[:-4] == block_hash
     post: int.from_bytes(__return__[-4:], "big") == group_id
     """
@@ -171,7 +188,8 @@ def _uncache(state: PoolState, block: BlockId) -> PoolState:
     key = state.key_of[block]
     if key is None:
         return state
-    state = _with_blocks_under(state, key, tuple(b for b in _blocks_under(state, key) if b != block))
+    remaining = tuple(b for b in _blocks_under(state, key) if b != block)
+    state = _with_blocks_under(state, key, remaining)
     state = replace(state, key_of=_set_key(state.key_of, block, None))
     return _emit(state, Removed((external_hash(key),)))
 
@@ -182,7 +200,9 @@ def _uncache(state: PoolState, block: BlockId) -> PoolState:
 def get_new_blocks(state: PoolState, n: int) -> tuple[PoolState, tuple[BlockId, ...]]:
     """Pop n blocks from the head of the free order, evict their keys, ref 0 -> 1.
 
-    pre: 0 <= n <= len(state.free)
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    pre: all(0 < b < state.num_blocks for b in state.free)
+    raises: PoolError
     post: __return__[1] == state.free[:n]
     post: all(__return__[0].ref[b] == 1 and __return__[0].key_of[b] is None for b in __return__[1])
     """
@@ -202,10 +222,13 @@ def free_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
     request's blocks reversed, so its chain tail is evicted first); vllm-0.33 puts the
     unkeyed ones at the head instead (kept in that order) and the keyed ones at the tail.
 
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
     post: len(__return__.free) >= len(state.free)
     """
     _check_ids(state, blocks)
-    ref, zeroed = state.ref, ()
+    ref = state.ref
+    zeroed: tuple[BlockId, ...] = ()
     for block in blocks:
         if block == NULL_BLOCK:
             continue
@@ -214,7 +237,7 @@ def free_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
         ref = _set(ref, block, ref[block] - 1)
         if ref[block] == 0:
             zeroed += (block,)
-    if state.profile is Profile.V0_33:
+    if state.profile.unkeyed_freed_to_head:
         unkeyed = tuple(b for b in zeroed if state.key_of[b] is None or not state.enable_caching)
         keyed = tuple(b for b in zeroed if b not in unkeyed)
         return replace(state, ref=ref, free=unkeyed + state.free + keyed)
@@ -224,6 +247,8 @@ def free_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
 def touch(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
     """A cache hit: a free block leaves the free order; ref + 1 (null skipped).
 
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
     post: len(__return__.free) <= len(state.free)
     """
     _check_ids(state, blocks)
@@ -248,8 +273,14 @@ def cache_full_blocks(
 ) -> PoolState:
     """Key blocks[num_cached:num_full] with their chain hashes in one group (null skipped).
 
-    One Stored event covers the newly keyed blocks; its parent is the hash before them.
-    Nothing happens when num_cached >= num_full or when caching is off.
+    One Stored event covers the newly keyed blocks; its parent is the request's hash before
+    them (even when that block is null). Nothing happens when num_cached >= num_full or when
+    caching is off; a range of only null blocks emits an empty Stored event under vllm-0.33
+    (`Profile.stored_event_when_nothing_keyed`) and nothing under vllm-0.13.
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    pre: 0 <= group_id < 2 ** 32
+    raises: PoolError
     """
     if num_cached >= num_full or not state.enable_caching:
         return state
@@ -270,7 +301,7 @@ def cache_full_blocks(
     for block, key in new:
         state = replace(state, key_of=_set_key(state.key_of, block, key))
         state = _with_blocks_under(state, key, _blocks_under(state, key) + (block,))
-    if not new:
+    if not new and not state.profile.stored_event_when_nothing_keyed:
         return state
     parent = make_key(block_hashes[num_cached - 1], group_id) if num_cached > 0 else None
     return _emit(state, Stored(
@@ -285,6 +316,8 @@ def get_cached_block(
 ) -> tuple[BlockId, ...] | None:
     """The first block keyed with block_hash in each group, or None if any group misses.
 
+    pre: all(0 <= g < 2 ** 32 for g in group_ids)
+    raises: BadHash
     post: __return__ is None or len(__return__) == len(group_ids)
     """
     found = []
@@ -297,11 +330,16 @@ def get_cached_block(
 
 
 def evict_blocks(state: PoolState, block_ids: Iterable[BlockId]) -> PoolState:
-    """Drop the keys of the given blocks, in ascending id order; ref counts and free order stay.
+    """Drop the keys of the given blocks; ref counts and free order stay.
 
+    Keys go (and Removed events come) in the order block_ids iterates: vLLM takes a set
+    and walks it, so for a set that is the set's own iteration order, not ascending ids.
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
     post: __return__.free == state.free and __return__.ref == state.ref
     """
-    ids = sorted(set(block_ids))
+    ids = list(dict.fromkeys(block_ids))
     _check_ids(state, ids)
     for block in ids:
         state = _uncache(state, block)
@@ -328,6 +366,7 @@ def num_free(state: PoolState) -> int:
 def usage(state: PoolState) -> float:
     """The fraction of the non-null blocks in use; 0 for a pool of only the null block.
 
+    pre: len(state.free) < state.num_blocks
     post: 0.0 <= __return__ <= 1.0
     """
     if state.num_blocks == 1:

@@ -3,6 +3,7 @@
 - ``dev`` (default): quick local runs.
 - ``ci`` (chosen when ``CI=true``): derandomized, no deadline, sized so that every mutant in
   the catalogue dies.
+- ``ci-mutants``: ``ci`` without shrinking, for ``python -m tests.mutants``.
 - ``nightly``: large and randomized.
 
 ``KVSPEC_PROFILE`` overrides the choice.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -24,6 +25,10 @@ settings.register_profile(
     "ci", max_examples=300, stateful_step_count=50, deadline=None, derandomize=True,
     database=None, print_blob=True, suppress_health_check=_SLOW_OK,
 )
+# The mutant runner: the ci profile without shrinking (a kill needs one failure, not the
+# smallest one), so the whole catalogue runs in minutes.
+settings.register_profile("ci-mutants", settings.get_profile("ci"),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.register_profile(
     "nightly", max_examples=5000, stateful_step_count=100, deadline=None,
     suppress_health_check=_SLOW_OK,

@@ -15,6 +15,8 @@ from tests.mutants import Mutant, catalogue
 
 def run_one(mutant: Mutant) -> tuple[bool, float, str]:
     env = dict(os.environ, KVSPEC_MUTANT=mutant.name)
+    if env.get("CI", "").lower() == "true" and not env.get("KVSPEC_PROFILE"):
+        env["KVSPEC_PROFILE"] = "ci-mutants"
     env.setdefault("TRITON_INTERPRET", "1")
     start = time.perf_counter()
     proc = subprocess.run(

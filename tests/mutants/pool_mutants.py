@@ -12,6 +12,8 @@ from typing import Any
 from impl import block_pool as bp
 from impl import kv_cache_utils as kcu
 from impl.block_pool import BlockPool
+from impl.hashing import BlockHashWithGroupId, maybe_convert_block_hash
+from impl.kv_events import AllBlocksCleared
 from impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 from tests.mutants import Mutant
 
@@ -47,9 +49,10 @@ def free_forward_order() -> None:
 
 def eviction_leaves_key_in_map() -> None:
     """Evicting a block resets its key but leaves it listed under the key in the map."""
-    def evict(self: BlockPool, block: KVCacheBlock) -> bool:
-        return self._key_of.pop(block, None) is not None
-    _patch(BlockPool, "_evict", evict)
+    def evict_all(self: BlockPool, keyed: list[KVCacheBlock]) -> None:
+        for block in keyed:
+            self._key_of.pop(block)
+    _patch(BlockPool, "_evict_all", evict_all)
 
 
 def cache_keys_keyed_block() -> None:
@@ -69,7 +72,7 @@ def null_block_enters_free_queue() -> None:
     def free_blocks(self: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = list(ordered_blocks)
         real = [b for b in blocks if b is not self.null_block]
-        BlockPool._free_some_shared(self, real)
+        BlockPool._free_one_by_one(self, real)
         if len(real) != len(blocks):
             self.free_block_queue.append_n([self.null_block])
     _patch(BlockPool, "free_blocks", free_blocks)
@@ -86,9 +89,10 @@ def null_block_gets_keyed() -> None:
         window = blocks[num_cached:num_full]
         if self.enable_caching and null in window and null not in self._key_of:
             index = num_cached + window.index(null)
-            key = bp.BlockHashWithGroupId(request.block_hashes[index] + gid.to_bytes(4, "big"))
-            self._key_of[null] = key
-            self.cached_block_hash_to_block.insert(key, null)
+            block_hash = request.block_hashes[index]
+            self._key_of[null] = (block_hash, gid)
+            self.cached_block_hash_to_block.insert(
+                BlockHashWithGroupId(block_hash + gid.to_bytes(4, "big")), null)
     _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
 
 
@@ -110,9 +114,7 @@ def popleft_n_loses_count_on_error() -> None:
 
     def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
         blocks = self.free_block_queue.popleft_n(num_blocks)
-        for block in blocks:
-            if block in self._key_of:
-                self._evict(block)
+        self._evict_all([b for b in blocks if b in self._key_of])
         self._in_use.update(blocks)
         return blocks
     original_popleft_n = FreeKVCacheBlockQueue.popleft_n
@@ -123,23 +125,21 @@ def popleft_n_loses_count_on_error() -> None:
 def reset_succeeds_with_blocks_in_use() -> None:
     """reset_prefix_cache() clears the cache even while requests hold blocks."""
     def reset_prefix_cache(self: BlockPool) -> bool:
-        self.cached_block_hash_to_block = bp.BlockHashToBlockMap()
+        self.cached_block_hash_to_block.clear()
         self._key_of.clear()
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(bp.AllBlocksCleared())
+            self.kv_event_queue.append(AllBlocksCleared())
         return True
     _patch(BlockPool, "reset_prefix_cache", reset_prefix_cache)
 
 
 def no_event_on_eviction() -> None:
     """Evicting a cached block emits no BlockRemoved event."""
-    def evict(self: BlockPool, block: KVCacheBlock) -> bool:
-        key = self._key_of.pop(block, None)
-        if key is None:
-            return False
-        self.cached_block_hash_to_block.pop(key, block.block_id)
-        return True
-    _patch(BlockPool, "_evict", evict)
+    def evict_all(self: BlockPool, keyed: list[KVCacheBlock]) -> None:
+        for block in keyed:
+            block_hash, group_id = self._key_of.pop(block)
+            bp._remove(self._groups[group_id], block_hash, block)
+    _patch(BlockPool, "_evict_all", evict_all)
 
 
 def lookup_returns_last_inserted() -> None:
@@ -150,7 +150,7 @@ def lookup_returns_last_inserted() -> None:
             raise bp.InvalidBlockHashError(f"bad hash {block_hash!r}")
         found = []
         for gid in group_ids:
-            entry = self.cached_block_hash_to_block._cache.get(block_hash + gid.to_bytes(4, "big"))
+            entry = self._groups.get(gid, {}).get(block_hash)
             if entry is None:
                 return None
             found.append(entry[-1] if isinstance(entry, list) else entry)
@@ -165,7 +165,7 @@ def lookup_not_all_or_nothing() -> None:
         if type(block_hash) is not bytes:
             raise bp.InvalidBlockHashError(f"bad hash {block_hash!r}")
         found = [self.cached_block_hash_to_block.get_one_block(
-            bp.BlockHashWithGroupId(block_hash + gid.to_bytes(4, "big"))) for gid in group_ids]
+            BlockHashWithGroupId(block_hash + gid.to_bytes(4, "big"))) for gid in group_ids]
         hits = [b for b in found if b is not None]
         return hits or None
     _patch(BlockPool, "get_cached_block", get_cached_block)
@@ -176,7 +176,7 @@ def free_is_not_atomic() -> None:
     def free_blocks(self: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = [b for b in ordered_blocks if b is not self.null_block]
         for block in blocks:
-            BlockPool._free_some_shared(self, [block])
+            BlockPool._free_one_by_one(self, [block])
     _patch(BlockPool, "free_blocks", free_blocks)
 
 
@@ -205,17 +205,14 @@ def caching_off_still_keys() -> None:
 
 
 def empty_key_entry_left_behind() -> None:
-    """Popping the last block under a key leaves the key with an empty entry."""
-    def pop(self: bp.BlockHashToBlockMap, key: bytes, block_id: int) -> KVCacheBlock | None:
-        entry = self._cache.get(key)
-        blocks = entry if isinstance(entry, list) else [] if entry is None else [entry]
-        for index, block in enumerate(blocks):
-            if block.block_id == block_id:
-                rest = blocks[:index] + blocks[index + 1:]
-                self._cache[key] = rest  # type: ignore[assignment]
-                return block
-        return None
-    _patch(bp.BlockHashToBlockMap, "pop", pop)
+    """Removing the last of several blocks under a key leaves the key with an empty entry."""
+    def remove(group: dict[bytes, Any], block_hash: bytes, block: KVCacheBlock) -> None:
+        entry = group[block_hash]
+        if entry is block:
+            del group[block_hash]
+        else:
+            entry.remove(block)
+    _patch(bp, "_remove", remove)
 
 
 def evict_requeues_free_block() -> None:
@@ -257,7 +254,7 @@ def stored_event_wrong_parent() -> None:
         original(self, request, blocks, num_cached, num_full, block_size, gid)
         if len(self.kv_event_queue) > before:
             stored = self.kv_event_queue[-1]
-            wrong = bp.maybe_convert_block_hash(request.block_hashes[num_cached])
+            wrong = maybe_convert_block_hash(request.block_hashes[num_cached])
             self.kv_event_queue[-1] = type(stored)(  # type: ignore[call-arg]
                 stored.block_hashes, wrong, stored.token_ids,  # type: ignore[attr-defined]
                 stored.block_size, stored.lora_id, stored.medium)  # type: ignore[attr-defined]
@@ -271,22 +268,19 @@ def evict_out_of_range_not_atomic() -> None:
             if block_id >= self.num_gpu_blocks:
                 raise bp.BlockNotInPoolError(f"block id {block_id} out of range")
             block = self._objects[block_id]
-            if block is not None:
-                self._evict(block)
+            if block is not None and block in self._key_of:
+                self._evict_all([block])
     _patch(BlockPool, "evict_blocks", evict_blocks)
 
 
-def hole_skipped_twice() -> None:
-    """The free queue's head skips one entry too many after a hole (touch then allocate)."""
+def stale_entry_handed_out() -> None:
+    """popleft_n() forgets that a hit block's old queue entry is stale and hands it out."""
     original = FreeKVCacheBlockQueue.popleft_n
 
     def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
-        had_holes = self._num_holes
-        taken = original(self, n)
-        if had_holes and self._num_holes < had_holes and self.num_free_blocks:
-            self._head += 1
-            self.num_free_blocks -= 1
-        return taken
+        self._stale.clear()
+        self._num_stale = 0
+        return original(self, n)
     _patch(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
 
 
@@ -348,8 +342,8 @@ MUTANTS = [
            stored_event_wrong_parent, MACHINE, "pending events: target"),
     Mutant("evict_out_of_range_not_atomic", "a refused evict has already evicted some keys",
            evict_out_of_range_not_atomic, MACHINE, "refused call changed"),
-    Mutant("hole_skipped_twice", "the free queue skips an extra entry after a hole",
-           hole_skipped_twice, MACHINE, "free order: target"),
+    Mutant("stale_entry_handed_out", "a hit block's stale queue entry is allocated again",
+           stale_entry_handed_out, MACHINE, "get_new_blocks("),
     Mutant("shared_touch_counts_once", "a hit on a block in use adds no reference",
            shared_touch_counts_once, MACHINE, "ref counts: target"),
 ]

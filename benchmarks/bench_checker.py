@@ -1,0 +1,46 @@
+"""How fast the conformance machine checks: steps per second on a 16-block pool.
+
+A step is one rule: the spec and impl/ both run it, outputs and abstract states are
+compared and every named invariant is checked on both.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import initialize, run_state_machine_as_test
+
+from spec.conformance.pool_machine import PoolMachine
+from spec.conformance.targets import VllmApiPool
+from spec.pool import PoolState
+
+
+def steps_per_second(examples: int = 40, steps: int = 100) -> float:
+    logging.getLogger("impl.block_pool").setLevel(logging.ERROR)
+    counted = {"steps": 0}
+
+    class Counting(PoolMachine):
+        make_target = staticmethod(VllmApiPool)
+
+        def _step(self, name: str, spec_call: Callable[[PoolState], Any],
+                  target_call: Callable[[], Any]) -> Any:
+            counted["steps"] += 1
+            return super()._step(name, spec_call, target_call)
+
+        @initialize()
+        def build_16_blocks(self) -> None:
+            super().build(16, True, True)
+
+    start = time.perf_counter()
+    run_state_machine_as_test(Counting, settings=settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+        suppress_health_check=list(HealthCheck)))
+    return counted["steps"] / (time.perf_counter() - start)
+
+
+if __name__ == "__main__":
+    print(f"{steps_per_second():,.0f} steps/s")
