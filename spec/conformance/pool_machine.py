@@ -356,6 +356,7 @@ class PoolMachine(RuleBasedStateMachine):
                                                                BLOCK_SIZE, None))
         elif kind in ("evict outside pool", "evict negative id"):
             evicted = {data.draw(st.integers(n, n + 3)) if kind == "evict outside pool" else -1}
+            evicted |= {b for b in range(1, n) if s.key_of[b] is not None}  # all or none
             self._refuse(kind, lambda s: model.evict_blocks(s, evicted),
                          lambda: self.target.evict_blocks(evicted))
         elif kind == "malformed hash":

@@ -175,6 +175,7 @@ def free_is_not_atomic() -> None:
     """free_blocks() releases the valid blocks before it notices an unreferenced one."""
     def free_blocks(self: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = [b for b in ordered_blocks if b is not self.null_block]
+        self._check_owned(blocks)
         for block in blocks:
             BlockPool._free_one_by_one(self, [block])
     _patch(BlockPool, "free_blocks", free_blocks)
@@ -244,6 +245,15 @@ def take_events_keeps_queue() -> None:
     _patch(BlockPool, "take_events", take_events)
 
 
+def take_events_newest_first() -> None:
+    """take_events() hands out the pending events newest first."""
+    original = BlockPool.take_events
+
+    def take_events(self: BlockPool) -> list[Any]:
+        return original(self)[::-1]
+    _patch(BlockPool, "take_events", take_events)
+
+
 def stored_event_wrong_parent() -> None:
     """BlockStored names the first newly cached block's own hash as its parent."""
     original = BlockPool.cache_full_blocks
@@ -265,7 +275,7 @@ def evict_out_of_range_not_atomic() -> None:
     """evict_blocks() evicts the ids in range before complaining about one out of range."""
     def evict_blocks(self: BlockPool, block_ids: set[int]) -> None:
         for block_id in sorted(block_ids):
-            if block_id >= self.num_gpu_blocks:
+            if not 0 <= block_id < self.num_gpu_blocks:
                 raise bp.BlockNotInPoolError(f"block id {block_id} out of range")
             block = self._objects[block_id]
             if block is not None and block in self._key_of:
@@ -315,7 +325,7 @@ MUTANTS = [
     Mutant("usage_counts_null_block", "usage counts the null block",
            usage_counts_null_block, MACHINE, "get_usage: target"),
     Mutant("popleft_n_loses_count_on_error", "popleft_n loses the count on error",
-           popleft_n_loses_count_on_error, MACHINE, "refused call changed"),
+           popleft_n_loses_count_on_error, MACHINE, "get_num_free_blocks: target"),
     Mutant("reset_succeeds_with_blocks_in_use", "reset succeeds with blocks in use",
            reset_succeeds_with_blocks_in_use, MACHINE, "reset_prefix_cache: target"),
     Mutant("no_event_on_eviction", "no BlockRemoved event on eviction",
@@ -337,13 +347,15 @@ MUTANTS = [
     Mutant("free_block_reports_negative_ref", "a free block reports ref_cnt -1",
            free_block_reports_negative_ref, MACHINE, "ref_counts_nonnegative"),
     Mutant("take_events_keeps_queue", "take_events does not clear the queue",
-           take_events_keeps_queue, MACHINE, "take_events: target"),
+           take_events_keeps_queue, MACHINE, "events_replay_to_cached_keys"),
+    Mutant("take_events_newest_first", "take_events hands out events newest first",
+           take_events_newest_first, MACHINE, "take_events: target"),
     Mutant("stored_event_wrong_parent", "BlockStored carries the wrong parent hash",
            stored_event_wrong_parent, MACHINE, "pending events: target"),
     Mutant("evict_out_of_range_not_atomic", "a refused evict has already evicted some keys",
            evict_out_of_range_not_atomic, MACHINE, "refused call changed"),
     Mutant("stale_entry_handed_out", "a hit block's stale queue entry is allocated again",
-           stale_entry_handed_out, MACHINE, "get_new_blocks("),
+           stale_entry_handed_out, MACHINE, "free_iff_unreferenced"),
     Mutant("shared_touch_counts_once", "a hit on a block in use adds no reference",
-           shared_touch_counts_once, MACHINE, "ref counts: target"),
+           shared_touch_counts_once, MACHINE, "get_num_free_blocks: target"),
 ]
