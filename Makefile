@@ -8,6 +8,8 @@ STAMP := $(VENV)/.kvspec-installed
 VLLM ?= 0.13.0
 VLLM_PYTHON ?=
 CROSSHAIR_TIMEOUT ?= 4
+# Modules whose PEP 316 contracts CrossHair checks in `make check`.
+CROSSHAIR_TARGETS ?= spec/pool.py spec/pool_programs.py spec/hashing.py spec/slot_mapping.py
 
 .PHONY: setup audit test check mutants bench explore vllm-env clean
 
@@ -30,7 +32,8 @@ test: setup
 check: setup
 	$(PY) -m mypy --strict spec impl models tests benchmarks
 	$(PY) -m ruff check .
-	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) --max_uninteresting_iterations=64 spec/pool.py spec/pool_programs.py
+	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) \
+		--max_uninteresting_iterations=64 $(CROSSHAIR_TARGETS)
 
 mutants: setup
 	$(PY) -m tests.mutants
