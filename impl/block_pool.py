@@ -477,8 +477,9 @@ class BlockPool:
         self.free_block_queue.append_n(zeroed)
 
     def evict_blocks(self, block_ids: set[int]) -> None:
-        """Drop the keys of the given blocks (ascending ids); ref counts and the queue stay."""
-        ids = sorted(block_ids)
+        """Drop the keys of the given blocks, in the order the set iterates (as vLLM does);
+        ref counts and the free queue stay. Every id is checked before any key goes."""
+        ids = list(dict.fromkeys(block_ids))
         for block_id in ids:
             if type(block_id) is not int or not 0 <= block_id < self.num_gpu_blocks:
                 raise BlockNotInPoolError(

@@ -5,12 +5,35 @@ Prints one line per mutant (killed or survived, seconds to kill) and exits 1 if 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+from datetime import datetime
+from pathlib import Path
 
+from spec.conformance.profiles import profile_name
 from tests.mutants import Mutant, catalogue
+
+# `kvspec audit` reads the mutation score from here.
+RESULTS = Path(__file__).resolve().parents[2] / "build" / "mutants.json"
+
+
+def save_results(results: dict[str, dict[str, object]]) -> None:
+    """Merge this run's verdicts into build/mutants.json (mutants not run keep theirs)."""
+    try:
+        previous = {m["name"]: m for m in json.loads(RESULTS.read_text())["mutants"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        previous = {}
+    current = {m.name for m in catalogue()}
+    merged = {n: e for n, e in {**previous, **results}.items() if n in current}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "profile": profile_name(),
+        "finished": datetime.now().isoformat(timespec="seconds"),
+        "mutants": sorted(merged.values(), key=lambda m: str(m["name"])),
+    }, indent=2) + "\n")
 
 
 def run_one(mutant: Mutant) -> tuple[bool, float, str]:
@@ -39,6 +62,7 @@ def main(argv: list[str]) -> int:
         mutants = [m for m in mutants if m.name in set(argv)]
     width = max((len(m.name) for m in mutants), default=10)
     survivors = []
+    results: dict[str, dict[str, object]] = {}
     print(f"{'mutant':<{width}}  verdict   seconds  caught by / description")
     for mutant in mutants:
         killed, seconds, detail = run_one(mutant)
@@ -47,6 +71,10 @@ def main(argv: list[str]) -> int:
               f"[{detail or 'a failing test'}] {mutant.description}", flush=True)
         if not killed:
             survivors.append(mutant.name)
+        results[mutant.name] = {"name": mutant.name, "checker": list(mutant.checker),
+                                "killed": killed, "seconds": round(seconds, 2),
+                                "caught_by": detail}
+    save_results(results)
     print(f"{len(mutants) - len(survivors)}/{len(mutants)} mutants killed")
     return 1 if survivors else 0
 

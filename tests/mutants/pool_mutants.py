@@ -13,8 +13,8 @@ from impl import block_pool as bp
 from impl import kv_cache_utils as kcu
 from impl.block_pool import BlockPool
 from impl.hashing import BlockHashWithGroupId, maybe_convert_block_hash
-from impl.kv_events import AllBlocksCleared
 from impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from impl.kv_events import AllBlocksCleared
 from tests.mutants import Mutant
 
 MACHINE = ("tests/test_pool_machine.py",)
@@ -274,7 +274,7 @@ def stored_event_wrong_parent() -> None:
 def evict_out_of_range_not_atomic() -> None:
     """evict_blocks() evicts the ids in range before complaining about one out of range."""
     def evict_blocks(self: BlockPool, block_ids: set[int]) -> None:
-        for block_id in sorted(block_ids):
+        for block_id in block_ids:
             if not 0 <= block_id < self.num_gpu_blocks:
                 raise bp.BlockNotInPoolError(f"block id {block_id} out of range")
             block = self._objects[block_id]

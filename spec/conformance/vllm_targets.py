@@ -1,0 +1,331 @@
+"""Targets for `kvspec audit`: find the class to audit and the adapter that speaks its API.
+
+A target name is ``impl`` (kvspec's own implementation), ``vllm`` (whatever vLLM this Python
+imports) or ``package.module:Class`` (a fork, or any class with vLLM's API). Which adapter
+drives it depends on the API the class has, not on its version string: vLLM 0.13's
+BlockPool takes ``touch(tuple_of_groups)`` and keys blocks with ``block.block_hash = key``;
+0.33's takes a flat ``touch(blocks)``, keys with ``set_block_hash`` and reads more fields
+of the request in ``cache_full_blocks`` (LoRA name and path, session id, multimodal
+features, prompt embeddings) to build its events.
+
+Whatever cannot be set up raises `TargetError` with a message that says what to do.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spec.conformance.targets import PoolTarget, PoolView, VllmApiPool
+
+VLLM_POOL = "vllm.v1.core.block_pool:BlockPool"
+IMPL_POOL = "impl.block_pool:BlockPool"
+
+
+class TargetError(LookupError):
+    """A target that cannot be loaded or driven: the message says why and what to do."""
+
+
+def vllm_version() -> str | None:
+    """The version of the vLLM this interpreter imports, or None when it has none."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        import vllm
+    except ImportError:
+        return None
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def _no_vllm_message() -> str:
+    import sys
+
+    return (
+        f"vLLM is not importable in this interpreter ({sys.executable}). Build an "
+        "environment with real vLLM first, then run kvspec from it:\n"
+        "    make vllm-env VLLM=0.13.0      # or 0.33.0; VLLM_WHEEL=fork.whl for a fork\n"
+        "    .venv-vllm-0.13.0/bin/kvspec audit --target vllm --profile vllm-0.13")
+
+
+def load_class(path: str) -> Any:
+    """The class named by ``package.module:Class``."""
+    module_name, _, class_name = path.partition(":")
+    if not module_name or not class_name:
+        raise TargetError(f"target {path!r} is not of the form package.module:Class")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        if module_name.split(".")[0] == "vllm":
+            raise TargetError(_no_vllm_message()) from error
+        raise TargetError(f"cannot import module {module_name!r} of target {path!r}: "
+                          f"{error}") from error
+    try:
+        return getattr(module, class_name)
+    except AttributeError as error:
+        raise TargetError(f"module {module_name!r} has no class {class_name!r}") from error
+
+
+def has_flat_touch_api(pool_class: Any, block_class: Any) -> bool:
+    """True for vLLM 0.33's BlockPool API (flat touch, set_block_hash), False for 0.13's."""
+    return hasattr(block_class, "set_block_hash") or hasattr(pool_class, "cache_partial_block")
+
+
+# --- vLLM 0.33's BlockPool -------------------------------------------------------------------
+
+
+@dataclass
+class _LoRA033:
+    """What 0.33's cache_full_blocks reads from a LoRA request (hash keys and events)."""
+
+    adapter_id: int
+    lora_name: str = "lora"
+    lora_path: str = "/conformance/lora"
+
+    @property
+    def name(self) -> str:
+        return self.lora_name
+
+
+@dataclass
+class _Request033:
+    """Just what vLLM 0.33's BlockPool.cache_full_blocks reads from a request."""
+
+    block_hashes: list[bytes]
+    all_token_ids: list[int]
+    lora_request: _LoRA033 | None = None
+    request_id: str = "conformance"
+    session_id: str | None = None
+    cache_salt: str | None = None
+    prompt_embeds: Any = None
+    mm_features: list[Any] = field(default_factory=list)
+    _prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+class Vllm033Pool(VllmApiPool):
+    """Drives a class with vLLM 0.33's BlockPool API.
+
+    The differences from 0.13's, which `VllmApiPool` drives: ``touch`` takes a flat list;
+    ``cache_full_blocks`` reads more request fields; a block can carry secondary keys
+    (``cached_block_hashes_by_block``), which the view lists so that the spec sees them.
+    The null block's ref count is never changed by 0.33, and ignored by the view anyway.
+    """
+
+    def touch(self, block_ids: Sequence[int]) -> None:
+        self.pool.touch([self._block(i) for i in block_ids])
+
+    def cache_full_blocks(
+        self, block_ids: Sequence[int], block_hashes: Sequence[bytes], num_cached: int,
+        num_full: int, group_id: int, token_ids: Sequence[int], block_size: int,
+        lora_id: int | None,
+    ) -> None:
+        tokens = [0] * (num_cached * block_size) + list(token_ids)
+        request = _Request033(list(block_hashes), tokens,
+                              None if lora_id is None else _LoRA033(lora_id))
+        self.pool.cache_full_blocks(request, [self._block(i) for i in block_ids], num_cached,
+                                    num_full, block_size, group_id)
+
+    def view(self) -> PoolView:
+        view = super().view()
+        secondary = getattr(self.pool, "cached_block_hashes_by_block", None)
+        if not secondary:
+            return view
+        # A block with secondary keys has more than one key: the spec allows one, so show
+        # the first secondary key in place of the primary one and let the comparison fail.
+        key_of = list(view.key_of)
+        for block_id, keys in secondary.items():
+            if keys and 0 <= block_id < len(key_of):
+                key_of[block_id] = sorted(keys)[0]
+        return PoolView(view.ref, view.free, tuple(key_of), view.cached, view.pending_events)
+
+
+# --- Picking the target ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolTargetInfo:
+    """How to make a pool target, and what it is (for the report)."""
+
+    name: str
+    pool_path: str
+    block_module: str
+    flat_touch_api: bool
+    vllm_version: str | None
+
+    def make(self) -> PoolTarget:
+        adapter = Vllm033Pool if self.flat_touch_api else VllmApiPool
+        return adapter(self.pool_path, self.block_module, name=self.name)
+
+    @property
+    def api(self) -> str:
+        return "vLLM 0.33 BlockPool API" if self.flat_touch_api else "vLLM 0.13 BlockPool API"
+
+
+def _block_module_for(pool_path: str) -> str:
+    """Where the KVCacheBlock of a pool class lives: beside it, else impl's."""
+    module_name = pool_path.partition(":")[0]
+    candidates = [module_name.rsplit(".", 1)[0] + ".kv_cache_utils", module_name]
+    for candidate in candidates:
+        try:
+            module = importlib.import_module(candidate)
+        except ImportError:
+            continue
+        if hasattr(module, "KVCacheBlock"):
+            return candidate
+    return "impl.kv_cache_utils"
+
+
+def pool_target(name: str) -> PoolTargetInfo:
+    """The pool target called ``name``: ``impl``, ``vllm`` or ``package.module:Class``."""
+    version = None
+    if name == "impl":
+        path = IMPL_POOL
+    elif name == "vllm":
+        version = vllm_version()
+        if version is None:
+            raise TargetError(_no_vllm_message())
+        path = VLLM_POOL
+    elif ":" in name:
+        path = name
+        if name.startswith("vllm."):
+            version = vllm_version()
+    else:
+        raise TargetError(f"unknown target {name!r}: use impl, vllm or package.module:Class")
+    pool_class = load_class(path)
+    block_module = _block_module_for(path)
+    block_class = importlib.import_module(block_module).KVCacheBlock
+    return PoolTargetInfo(name, path, block_module, has_flat_touch_api(pool_class, block_class),
+                          version)
+
+
+# --- vLLM 0.13's KVCacheManager --------------------------------------------------------------
+
+VLLM_MANAGER = "vllm.v1.core.kv_cache_manager:KVCacheManager"
+# impl's spec classes that vLLM 0.13 has, by name (0.13 has no SinkFullAttentionSpec).
+VLLM_013_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec",
+                  "ChunkedLocalAttentionSpec", "MambaSpec", "CrossAttentionSpec")
+
+
+def has_013_manager_api(manager_class: Any) -> bool:
+    """vLLM 0.13's KVCacheManager: no scheduler_block_size, 2-tuple get_computed_blocks."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(manager_class.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+    return "scheduler_block_size" not in parameters and "hash_block_size" in parameters
+
+
+def vllm_kv_cache_config(impl_config: Any) -> Any:
+    """impl's KVCacheConfig rebuilt from vLLM's own classes (fields copied by name)."""
+    import dataclasses
+
+    import torch
+    from vllm.v1 import kv_cache_interface as vllm_kv
+
+    def dtype(value: Any) -> Any:
+        return getattr(torch, value) if isinstance(value, str) else value
+
+    groups = []
+    for group in impl_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        name = type(spec).__name__
+        if name not in VLLM_013_SPECS:
+            raise TargetError(f"vLLM 0.13 has no {name}")
+        vllm_class = getattr(vllm_kv, name)
+        fields = {f.name for f in dataclasses.fields(vllm_class) if f.init}
+        values = {k: getattr(spec, k) for k in fields if hasattr(spec, k)}
+        if "dtype" in values:
+            values["dtype"] = dtype(values["dtype"])
+        if "dtypes" in values:
+            values["dtypes"] = tuple(dtype(d) for d in values["dtypes"])
+        groups.append(vllm_kv.KVCacheGroupSpec(list(group.layer_names), vllm_class(**values)))
+    return vllm_kv.KVCacheConfig(impl_config.num_blocks, [], groups)
+
+
+def vllm_manager_013_target() -> Any:
+    """A ManagerTarget driving vLLM 0.13's KVCacheManager (spec/conformance/manager_machine)."""
+    from spec.conformance.manager_machine import ImplManager
+
+    class VllmManager013(ImplManager):
+        """vLLM 0.13's KVCacheManager behind the ManagerTarget interface: the calls and the
+        view are ImplManager's (the API is the same); the config, the requests and the
+        events are vLLM's own classes."""
+
+        def build(self, layout: Any, num_blocks: int, enable_caching: bool,
+                  enable_events: bool) -> None:
+            from vllm.utils.hashing import sha256
+            from vllm.v1.core.kv_cache_manager import KVCacheManager
+            from vllm.v1.core.kv_cache_utils import init_none_hash
+
+            init_none_hash(sha256)
+            self.hash_block_size = layout.hash_block_size
+            self.manager = KVCacheManager(
+                vllm_kv_cache_config(layout.build(num_blocks)),
+                max_model_len=layout.max_model_len, hash_block_size=layout.hash_block_size,
+                enable_caching=enable_caching, use_eagle=getattr(layout, "use_eagle", False),
+                enable_kv_cache_events=enable_events,
+            )
+
+        def add_request(self, request_id: str, prompt: Sequence[int], lora: int | None,
+                        cache_salt: str | None) -> None:
+            from vllm.lora.request import LoRARequest
+            from vllm.sampling_params import SamplingParams
+            from vllm.utils.hashing import sha256
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+            from vllm.v1.request import Request
+
+            self.requests[request_id] = Request(
+                request_id, list(prompt), SamplingParams(max_tokens=1 << 20), None, None,
+                lora_request=None if lora is None else LoRARequest(f"lora-{lora}", lora,
+                                                                   f"/lora/{lora}"),
+                cache_salt=cache_salt,
+                block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
+            )
+
+        def free(self, request_id: str) -> None:
+            from types import SimpleNamespace
+
+            request = self.requests.get(request_id) or SimpleNamespace(request_id=request_id)
+            self.manager.free(request)
+
+        def take_events(self) -> list[Any]:
+            from spec.conformance.targets import spec_event
+
+            return [spec_event(e) for e in self.manager.take_events()]
+
+    return VllmManager013()
+
+
+def vllm_013_layouts(layouts: Sequence[Any]) -> tuple[list[Any], list[str]]:
+    """The manager-machine layouts vLLM 0.13's KVCacheManager accepts, and why others are out.
+
+    0.13 has no sink attention, and its hybrid coordinator takes exactly one full-attention
+    spec and one other spec; a layout it rejects is left out (and named in the report).
+    """
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    kept, left_out = [], []
+    for layout in layouts:
+        config = layout.build(2 + 8 * 4)
+        names = {type(g.kv_cache_spec).__name__ for g in config.kv_cache_groups}
+        unknown = sorted(names - set(VLLM_013_SPECS))
+        if unknown:
+            left_out.append(f"{layout.name} (vLLM 0.13 has no {', '.join(unknown)})")
+            continue
+        try:
+            KVCacheManager(vllm_kv_cache_config(config), max_model_len=layout.max_model_len,
+                           hash_block_size=layout.hash_block_size,
+                           enable_caching=layout.caching)
+        except (AssertionError, ValueError, KeyError, NotImplementedError) as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            left_out.append(f"{layout.name} (vLLM 0.13 rejects it: {reason})")
+            continue
+        kept.append(layout)
+    return kept, left_out

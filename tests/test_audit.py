@@ -1,0 +1,158 @@
+"""`kvspec audit`: exit statuses, the JSON result, counterexamples, the mutation score.
+
+Each audit here runs the pool machine for a couple of seconds with a fixed seed; the checks
+are on verdicts and shapes, never on timings.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spec import pool_invariants
+from spec.cli import main
+from spec.conformance.audit import Draws, Pick, mutation_score
+from spec.conformance.pool_machine import BAD_CALLS
+from spec.conformance.vllm_targets import vllm_version
+
+BUGGY = "tests.planted_bug_pool:ReversedAllocationPool"
+
+
+def audit(tmp_path: Path, *extra: str, budget: str = "2") -> tuple[int, dict[str, Any]]:
+    result_file = tmp_path / "audit.json"
+    status = main(["audit", "--layer", "pool", "--budget", budget, "--seed", "1",
+                   "--no-progress", "--json", str(result_file),
+                   "--counterexamples", str(tmp_path / "counterexamples"), *extra])
+    data = json.loads(result_file.read_text()) if result_file.exists() else {}
+    return status, data
+
+
+def test_impl_conforms_and_the_json_lists_every_rule_and_invariant(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, data = audit(tmp_path, "--target", "impl", "--profile", "vllm-0.13")
+    assert status == 0
+    assert data["kvspec_audit"] == 1
+    assert (data["target"], data["profile"], data["verdict"]) == ("impl", "vllm-0.13",
+                                                                  "conforms")
+    [layer] = data["layers"]
+    assert layer["layer"] == "pool" and layer["status"] == "audited" and layer["conforms"]
+    assert layer["examples"] > 0 and layer["steps"] > 0
+    rules = {row["name"] for row in layer["rules"]}
+    assert {"build", "admit_request", "finish_request", "evict_blocks", "bad_call"} <= rules
+    invariants = {row["name"] for row in layer["invariants"]}
+    assert {f"invariant_{p.__name__}" for p in pool_invariants.ALL} <= invariants
+    assert {"matches_spec_state", "matches_spec_counts"} <= invariants
+    for row in layer["rules"] + layer["situations"] + layer["invariants"]:
+        assert set(row) == {"name", "steps", "verdict"}
+        assert row["verdict"] in ("ok", "not reached")
+    assert layer["failures"] == []
+    report = capsys.readouterr().out
+    assert "verdict: impl conforms to vllm-0.13" in report
+    assert "invariant_free_iff_unreferenced" in report
+
+
+def test_a_planted_bug_fails_with_a_runnable_counterexample(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report_file = tmp_path / "report.txt"
+    status, data = audit(tmp_path, "--target", BUGGY, "--report", str(report_file))
+    assert status == 1
+    assert data["verdict"] == "does not conform" and not data["conforms"]
+    [layer] = data["layers"]
+    failure = layer["failures"][0]
+    assert set(failure) == {"kind", "check", "situation", "error", "message", "program",
+                            "counterexample", "known"}
+    assert failure["program"][0].startswith("state.build(")
+    assert "get_new_blocks" in failure["message"]
+    assert report_file.read_text() == capsys.readouterr().out
+    assert "FAILURE 1" in report_file.read_text()
+
+    # The written counterexample replays the same failure outside Hypothesis.
+    path = Path(failure["counterexample"])
+    assert path.exists() and path.name.startswith("test_")
+    spec = importlib.util.spec_from_file_location("counterexample", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(AssertionError, match="get_new_blocks"):
+        module.test_counterexample()
+
+
+def test_a_baseline_turns_known_discrepancies_into_a_pass(tmp_path: Path) -> None:
+    first_status, first = audit(tmp_path, "--target", BUGGY)
+    assert first_status == 1
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(first))
+    status, data = audit(tmp_path, "--target", BUGGY, "--baseline", str(baseline))
+    assert status == 0
+    assert data["baseline"] == str(baseline) and data["new_failures"] == 0
+    assert all(f["known"] for f in data["layers"][0]["failures"])
+    assert data["verdict"] == "does not conform"
+
+    baseline.write_text("{}")
+    assert audit(tmp_path, "--target", BUGGY, "--baseline", str(baseline))[0] == 2
+
+
+def test_contract_scope_leaves_out_bad_calls(tmp_path: Path) -> None:
+    status, data = audit(tmp_path, "--target", "impl", "--scope", "contract")
+    assert status == 0
+    [layer] = data["layers"]
+    assert {f"bad call: {kind}" for kind in BAD_CALLS} <= set(layer["out_of_contract_skipped"])
+    verdicts = {row["name"]: row for row in layer["situations"]}
+    assert all(verdicts[f"bad call: {kind}"]["verdict"] == "excluded" for kind in BAD_CALLS)
+    assert all(verdicts[f"bad call: {kind}"]["steps"] == 0 for kind in BAD_CALLS)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target", "no_such_package.pool:BlockPool"], "cannot import module"),
+    (["--target", "impl.block_pool:NoSuchClass"], "has no class"),
+    (["--target", "impl_pool"], "unknown target"),
+    (["--target", "impl", "--profile", "vllm-9.9"], "invalid choice"),
+    (["--target", "impl", "--budget", "-3"], "budget must be positive"),
+    (["--target", "impl", "--layer", "everything"], "invalid choice"),
+])
+def test_usage_errors_exit_2(argv: list[str], message: str,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "--no-progress", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(vllm_version() is not None, reason="vLLM is importable here")
+def test_vllm_target_without_vllm_says_which_env_to_build(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["audit", "--target", "vllm", "--no-progress", "--budget", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "vLLM is not importable" in err and "make vllm-env VLLM=0.13.0" in err
+
+
+def test_no_subcommand_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert main(["audit", "--help"]) == 0
+    assert "--profile" in capsys.readouterr().out
+
+
+def test_mutation_score_comes_from_the_cached_catalogue_run(tmp_path: Path) -> None:
+    assert mutation_score("tests/test_pool_machine.py", cache=tmp_path / "absent.json") is None
+    cache = tmp_path / "mutants.json"
+    cache.write_text(json.dumps({"profile": "ci", "finished": "2025-01-01T00:00:00", "mutants": [
+        {"name": "a", "checker": ["tests/test_pool_machine.py"], "killed": True},
+        {"name": "b", "checker": ["tests/test_pool_machine.py"], "killed": False},
+        {"name": "c", "checker": ["tests/test_manager_machine.py"], "killed": True},
+    ]}))
+    score = mutation_score("tests/test_pool_machine.py", cache=cache)
+    assert score is not None
+    assert (score["killed"], score["total"], score["survivors"]) == (1, 2, ["b"])
+
+
+def test_draws_replay_values_and_picks_in_order() -> None:
+    from hypothesis import strategies as st
+
+    draws = Draws(3, Pick(1), "x")
+    assert draws.draw(st.integers()) == 3
+    assert draws.draw(st.sampled_from(["a", "b"])) == "b"
+    assert draws.draw() == "x"
+    with pytest.raises(LookupError, match="no more draws"):
+        draws.draw()
