@@ -11,7 +11,7 @@ CROSSHAIR_TIMEOUT ?= 4
 # Modules whose PEP 316 contracts CrossHair checks in `make check`.
 CROSSHAIR_TARGETS ?= spec/pool.py spec/pool_programs.py spec/hashing.py spec/slot_mapping.py
 
-.PHONY: setup audit test check mutants bench explore vllm-env clean
+.PHONY: setup audit audit-vllm test check mutants bench vllm-env clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,9 @@ bench: setup
 
 vllm-env:
 	bash scripts/vllm_env.sh $(VLLM)
+
+audit-vllm: vllm-env
+	.venv-vllm-$(VLLM)/bin/kvspec audit --target vllm --profile vllm-$(basename $(VLLM))
 
 clean:
 	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache .ruff_cache
