@@ -9,7 +9,8 @@ VLLM ?= 0.13.0
 VLLM_PYTHON ?=
 CROSSHAIR_TIMEOUT ?= 4
 # Modules whose PEP 316 contracts CrossHair checks in `make check`.
-CROSSHAIR_TARGETS ?= spec/pool.py spec/pool_programs.py spec/hashing.py spec/slot_mapping.py
+CROSSHAIR_TARGETS ?= spec/pool.py spec/pool_programs.py spec/hashing.py spec/slot_mapping.py \
+	spec/attention_rules.py spec/manager.py
 
 .PHONY: setup audit audit-vllm test check mutants bench vllm-env clean
 

@@ -1,0 +1,469 @@
+"""KV-cache specs and config: what each layer stores per block, and how blocks are grouped.
+
+Mirrors ``vllm/v1/kv_cache_interface.py`` of vLLM 0.13 (field names, class hierarchy,
+``page_size_bytes``), with three deliberate differences:
+
+* Every class is a frozen dataclass, so specs compare and hash by value (the hybrid
+  coordinator groups KV-cache groups by spec equality).
+* ``dtype`` accepts a ``torch.dtype`` or a string (``"bfloat16"``, ``"bf16"``, ``"fp8"``,
+  ``torch.float16`` ...) and is stored as its canonical string name (``"bfloat16"``), so this
+  module never imports torch and ``FullAttentionSpec(..., dtype=torch.bfloat16) ==
+  FullAttentionSpec(..., dtype="bfloat16")``. ``torch_dtype`` gives the ``torch.dtype`` back.
+* ``max_memory_usage_bytes`` takes the lengths it needs as integers instead of a
+  ``VllmConfig``.
+
+Sequences given to ``KVCacheTensor``, ``KVCacheGroupSpec`` and ``KVCacheConfig`` are stored as
+tuples. Bad values raise ``InvalidKVCacheSpec`` (a ``ValueError``) naming the value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar, TypeVar
+
+__all__ = [
+    "DTYPE_SIZES",
+    "AttentionSpec",
+    "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec",
+    "FullAttentionSpec",
+    "InvalidKVCacheSpec",
+    "KVCacheConfig",
+    "KVCacheGroupSpec",
+    "KVCacheSpec",
+    "KVCacheTensor",
+    "MLAAttentionSpec",
+    "MambaSpec",
+    "SinkFullAttentionSpec",
+    "SlidingWindowSpec",
+    "canonical_dtype",
+    "dtype_size",
+    "spec_fields",
+]
+
+
+class InvalidKVCacheSpec(ValueError):
+    """A KV-cache spec or config field has a value no KV cache can have."""
+
+
+# Bytes per element of every dtype a KV cache or a Mamba state uses, by canonical name.
+DTYPE_SIZES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+}
+
+_DTYPE_ALIASES: dict[str, str] = {
+    "double": "float64",
+    "float": "float32",
+    "fp32": "float32",
+    "half": "float16",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+    "fp8_inc": "float8_e4m3fn",
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+}
+
+
+def canonical_dtype(dtype: object) -> str:
+    """The canonical name of ``dtype`` (a ``torch.dtype`` or a string), e.g. ``"bfloat16"``.
+
+    >>> canonical_dtype("bf16")
+    'bfloat16'
+    """
+    if isinstance(dtype, str):
+        name = dtype
+    elif type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch":
+        name = str(dtype)
+    else:
+        raise InvalidKVCacheSpec(f"dtype must be a torch.dtype or a string, got {dtype!r}")
+    name = name.lower().removeprefix("torch.")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPE_SIZES:
+        raise InvalidKVCacheSpec(f"unknown dtype {dtype!r}; known: {sorted(DTYPE_SIZES)}")
+    return name
+
+
+def dtype_size(dtype: object) -> int:
+    """Bytes per element of ``dtype`` (a ``torch.dtype`` or a string)."""
+    return DTYPE_SIZES[canonical_dtype(dtype)]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _require_positive(owner: object, name: str, value: object) -> None:
+    if type(value) is not int or value <= 0:
+        raise InvalidKVCacheSpec(
+            f"{type(owner).__name__}.{name} must be a positive int, got {value!r}"
+        )
+
+
+def _require_optional_positive(owner: object, name: str, value: object) -> None:
+    if value is not None:
+        _require_positive(owner, name, value)
+
+
+_SpecT = TypeVar("_SpecT", bound="KVCacheSpec")
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What one layer stores per KV-cache block. ``block_size`` is in tokens."""
+
+    block_size: int
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "block_size", self.block_size)
+
+    @property
+    def type_id(self) -> str:
+        """Layers whose specs share a type_id can share one KV-cache group."""
+        return f"{type(self).__name__}_{self.block_size}_{self.page_size_bytes}"
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes one block of one layer occupies."""
+        raise NotImplementedError(f"{type(self).__name__} has no page size")
+
+    def max_memory_usage_bytes(
+        self,
+        max_model_len: int,
+        max_num_batched_tokens: int | None = None,
+        max_num_encoder_tokens: int | None = None,
+    ) -> int:
+        """Bytes one request of ``max_model_len`` tokens can need in one layer."""
+        _require_positive(self, "max_model_len", max_model_len)
+        return _cdiv(max_model_len, self.block_size) * self.page_size_bytes
+
+    @classmethod
+    def merge(cls: type[_SpecT], specs: Sequence[_SpecT]) -> _SpecT:
+        """One spec standing for ``specs``, which must all be equal."""
+        if not specs:
+            raise InvalidKVCacheSpec("cannot merge an empty list of KV-cache specs")
+        first = specs[0]
+        for other in specs[1:]:
+            if other != first:
+                raise InvalidKVCacheSpec(
+                    f"cannot merge different KV-cache specs: {first!r} and {other!r}"
+                )
+        return first
+
+
+@dataclass(frozen=True)
+class AttentionSpec(KVCacheSpec):
+    """An attention layer: K and V of ``num_kv_heads`` heads of ``head_size`` per token."""
+
+    num_kv_heads: int
+    head_size: int
+    dtype: Any  # a torch.dtype or a string on input; always the canonical name once built
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_positive(self, "num_kv_heads", self.num_kv_heads)
+        _require_positive(self, "head_size", self.head_size)
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+
+    @property
+    def torch_dtype(self) -> Any:
+        """``dtype`` as a ``torch.dtype`` (imports torch)."""
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def page_size_bytes(self) -> int:
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(AttentionSpec):
+    """Full (global) attention. ``sliding_window`` / ``attention_chunk_size`` are set only
+    when a local layer is stored as a full one (hybrid allocator off); ``head_size_v`` when
+    V has a different head size from K."""
+
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    head_size_v: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_optional_positive(self, "sliding_window", self.sliding_window)
+        _require_optional_positive(self, "attention_chunk_size", self.attention_chunk_size)
+        _require_optional_positive(self, "head_size_v", self.head_size_v)
+
+    @property
+    def page_size_bytes(self) -> int:
+        head_size_v = self.head_size if self.head_size_v is None else self.head_size_v
+        return (
+            self.block_size
+            * self.num_kv_heads
+            * (self.head_size + head_size_v)
+            * dtype_size(self.dtype)
+        )
+
+    @classmethod
+    def merge(cls: type[_SpecT], specs: Sequence[_SpecT]) -> _SpecT:
+        """Full-attention specs that differ only in sliding_window / attention_chunk_size
+        merge into one carrying the (single) non-None value of each."""
+        if not specs:
+            raise InvalidKVCacheSpec("cannot merge an empty list of KV-cache specs")
+        first = specs[0]
+        if not isinstance(first, FullAttentionSpec):
+            return super().merge(specs)
+        base = replace(first, sliding_window=None, attention_chunk_size=None)
+        windows: set[int] = set()
+        chunks: set[int] = set()
+        for spec in specs:
+            if not isinstance(spec, FullAttentionSpec) or type(spec) is not type(first):
+                raise InvalidKVCacheSpec(f"cannot merge {first!r} with {spec!r}")
+            if replace(spec, sliding_window=None, attention_chunk_size=None) != base:
+                raise InvalidKVCacheSpec(
+                    f"cannot merge different KV-cache specs: {first!r} and {spec!r}"
+                )
+            if spec.sliding_window is not None:
+                windows.add(spec.sliding_window)
+            if spec.attention_chunk_size is not None:
+                chunks.add(spec.attention_chunk_size)
+        if len(windows) > 1 or len(chunks) > 1:
+            raise InvalidKVCacheSpec(
+                f"full-attention layers with different sliding windows {sorted(windows)} or "
+                f"chunk sizes {sorted(chunks)} cannot share a spec"
+            )
+        merged = replace(
+            base,
+            sliding_window=next(iter(windows), None),
+            attention_chunk_size=next(iter(chunks), None),
+        )
+        return merged  # type: ignore[return-value,unused-ignore]
+
+
+@dataclass(frozen=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention: one latent vector per token (no separate K and V).
+    ``cache_dtype_str == "fp8_ds_mla"`` is DeepSeek's 656-byte-per-token fp8 layout."""
+
+    cache_dtype_str: str | None = None
+
+    FP8_DS_MLA_BYTES_PER_TOKEN: ClassVar[int] = 656
+
+    @property
+    def page_size_bytes(self) -> int:
+        if self.cache_dtype_str == "fp8_ds_mla":
+            return self.block_size * self.FP8_DS_MLA_BYTES_PER_TOKEN
+        return self.block_size * self.num_kv_heads * self.head_size * dtype_size(self.dtype)
+
+
+@dataclass(frozen=True)
+class SinkFullAttentionSpec(FullAttentionSpec):
+    """Full attention with ``sink_len`` sink tokens held in blocks shared by every request
+    (reserved once when the manager is built; ``sink_len`` must be a multiple of the block
+    size)."""
+
+    sink_len: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_optional_positive(self, "sink_len", self.sink_len)
+
+
+@dataclass(frozen=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """Chunked local attention: a token attends only within its ``attention_chunk_size``
+    chunk."""
+
+    attention_chunk_size: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_positive(self, "attention_chunk_size", self.attention_chunk_size)
+
+    def max_memory_usage_bytes(
+        self,
+        max_model_len: int,
+        max_num_batched_tokens: int | None = None,
+        max_num_encoder_tokens: int | None = None,
+    ) -> int:
+        _require_positive(self, "max_model_len", max_model_len)
+        batched = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        num_tokens = min(self.attention_chunk_size + batched, max_model_len)
+        return _cdiv(num_tokens, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Sliding-window attention: a token attends to the previous ``sliding_window`` tokens
+    (itself included)."""
+
+    sliding_window: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_positive(self, "sliding_window", self.sliding_window)
+
+    def max_memory_usage_bytes(
+        self,
+        max_model_len: int,
+        max_num_batched_tokens: int | None = None,
+        max_num_encoder_tokens: int | None = None,
+    ) -> int:
+        _require_positive(self, "max_model_len", max_model_len)
+        batched = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
+        num_tokens = min(self.sliding_window - 1 + batched, max_model_len)
+        # +1: the window may start in the middle of a block.
+        return (_cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class CrossAttentionSpec(AttentionSpec):
+    """Decoder-to-encoder cross-attention: K and V of the encoder output, written once.
+    Never prefix-cached."""
+
+    def max_memory_usage_bytes(
+        self,
+        max_model_len: int,
+        max_num_batched_tokens: int | None = None,
+        max_num_encoder_tokens: int | None = None,
+    ) -> int:
+        num_tokens = max_model_len if max_num_encoder_tokens is None else max_num_encoder_tokens
+        _require_positive(self, "max_num_encoder_tokens", num_tokens)
+        return _cdiv(num_tokens, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """A state-space layer: one block holds the whole recurrent state of a request.
+
+    ``shapes[i]`` / ``dtypes[i]`` describe the i-th state tensor (conv state, SSM state);
+    ``page_size_padded`` rounds the page up so it matches the attention layers' page.
+    ``num_speculative_blocks`` extra blocks hold states for speculative tokens.
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[Any, ...]
+    page_size_padded: int | None = None
+    mamba_type: str = "mamba2"
+    num_speculative_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        shapes = tuple(tuple(int(d) for d in shape) for shape in self.shapes)
+        dtypes = tuple(canonical_dtype(d) for d in self.dtypes)
+        if len(shapes) != len(dtypes):
+            raise InvalidKVCacheSpec(
+                f"MambaSpec has {len(shapes)} shapes but {len(dtypes)} dtypes"
+            )
+        for shape in shapes:
+            if any(d <= 0 for d in shape):
+                raise InvalidKVCacheSpec(f"MambaSpec shape {shape!r} has a non-positive size")
+        object.__setattr__(self, "shapes", shapes)
+        object.__setattr__(self, "dtypes", dtypes)
+        if type(self.num_speculative_blocks) is not int or self.num_speculative_blocks < 0:
+            raise InvalidKVCacheSpec(
+                f"MambaSpec.num_speculative_blocks must be an int >= 0, "
+                f"got {self.num_speculative_blocks!r}"
+            )
+        _require_optional_positive(self, "page_size_padded", self.page_size_padded)
+        if self.page_size_padded is not None and self.page_size_padded < self.unpadded_bytes:
+            raise InvalidKVCacheSpec(
+                f"MambaSpec.page_size_padded={self.page_size_padded} is smaller than the "
+                f"state it must hold ({self.unpadded_bytes} bytes)"
+            )
+
+    @property
+    def unpadded_bytes(self) -> int:
+        """Bytes of the state tensors, before padding."""
+        return sum(
+            math.prod(shape) * DTYPE_SIZES[dtype]
+            for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
+        )
+
+    @property
+    def page_size_bytes(self) -> int:
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.unpadded_bytes
+
+    def max_memory_usage_bytes(
+        self,
+        max_model_len: int,
+        max_num_batched_tokens: int | None = None,
+        max_num_encoder_tokens: int | None = None,
+    ) -> int:
+        _require_positive(self, "max_model_len", max_model_len)
+        return self.page_size_bytes * (1 + self.num_speculative_blocks)
+
+
+@dataclass(frozen=True)
+class KVCacheTensor:
+    """One KV-cache tensor of ``size`` bytes, shared by the layers named in ``shared_by``."""
+
+    size: int
+    shared_by: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if type(self.size) is not int or self.size < 0:
+            raise InvalidKVCacheSpec(f"KVCacheTensor.size must be an int >= 0, got {self.size!r}")
+        object.__setattr__(self, "shared_by", tuple(self.shared_by))
+
+
+@dataclass(frozen=True)
+class KVCacheGroupSpec:
+    """Layers that share one block table, and the spec they all have."""
+
+    layer_names: tuple[str, ...]
+    kv_cache_spec: KVCacheSpec
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_names", tuple(self.layer_names))
+        if not isinstance(self.kv_cache_spec, KVCacheSpec):
+            raise InvalidKVCacheSpec(
+                f"KVCacheGroupSpec.kv_cache_spec must be a KVCacheSpec, "
+                f"got {self.kv_cache_spec!r}"
+            )
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The whole KV cache of a model: ``num_blocks`` blocks (block 0 is the null block), the
+    tensors that hold them, and the groups of layers sharing block tables."""
+
+    num_blocks: int
+    kv_cache_tensors: tuple[KVCacheTensor, ...]
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+
+    def __post_init__(self) -> None:
+        if type(self.num_blocks) is not int or self.num_blocks < 0:
+            raise InvalidKVCacheSpec(
+                f"KVCacheConfig.num_blocks must be an int >= 0, got {self.num_blocks!r}"
+            )
+        object.__setattr__(self, "kv_cache_tensors", tuple(self.kv_cache_tensors))
+        object.__setattr__(self, "kv_cache_groups", tuple(self.kv_cache_groups))
+        for group in self.kv_cache_groups:
+            if not isinstance(group, KVCacheGroupSpec):
+                raise InvalidKVCacheSpec(
+                    f"KVCacheConfig.kv_cache_groups holds {group!r}, not a KVCacheGroupSpec"
+                )
+
+
+def spec_fields(spec: KVCacheSpec) -> dict[str, Any]:
+    """The fields of ``spec`` as a dict (for printing and serialising layouts)."""
+    return {f.name: getattr(spec, f.name) for f in fields(spec)}

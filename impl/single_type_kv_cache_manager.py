@@ -1,0 +1,779 @@
+"""One manager per attention type: the block lists of every request in one KV-cache group.
+
+vLLM 0.13's ``single_type_kv_cache_manager`` API (spec: spec/manager.py, the pure rules in
+spec/attention_rules.py). Differences from vLLM, all in the direction of refusing bad input
+before anything changes:
+
+* reading a request's blocks never creates an entry for it (vLLM's ``defaultdict`` does, even
+  when the allocation then fails); ``req_to_blocks`` is still a ``defaultdict(list)``;
+* ``skipped_blocks_to_free`` lets the coordinator count, before anything changes, the blocks
+  that freeing out-of-window blocks would return to the pool;
+* ``SinkFullAttentionManager`` takes its shared sink blocks with ``get_new_blocks`` (they stay
+  referenced for the manager's life) instead of popping them off the free queue;
+* errors are the typed exceptions below, never bare assertions.
+
+The module-level functions with the names of spec/attention_rules.py are the same rules on the
+same inputs; the managers run them over a lazily evaluated hit pattern, so each block hash is
+looked up at most once and only as far as the rule reads.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, ClassVar, overload
+
+from impl.block_pool import BlockPool
+from impl.hashing import BlockHash, BlockHashListWithBlockSize
+from impl.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+)
+from impl.kv_cache_utils import KVCacheBlock
+from impl.request import Request
+
+BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
+
+__all__ = [
+    "ChunkedLocalAttentionManager",
+    "CrossAttentionManager",
+    "FullAttentionManager",
+    "InvalidKVCacheConfig",
+    "KVCacheManagerError",
+    "MambaManager",
+    "PrefixCachingNotSupported",
+    "SingleTypeKVCacheManager",
+    "SinkFullAttentionManager",
+    "SlidingWindowManager",
+    "UnsupportedKVCacheSpec",
+    "blocks_needed",
+    "cdiv",
+    "chunked_local_hit",
+    "chunked_local_skipped_tokens",
+    "full_attention_hit_blocks",
+    "get_manager_for_kv_cache_spec",
+    "mamba_hit_blocks",
+    "mamba_skipped_tokens",
+    "num_blocks_to_allocate",
+    "skipped_blocks",
+    "sliding_window_blocks_for_hit",
+    "sliding_window_hit",
+    "sliding_window_skipped_tokens",
+    "spec_manager_map",
+]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class KVCacheManagerError(Exception):
+    """A call the KV-cache manager stack refused; nothing changed."""
+
+
+class InvalidKVCacheConfig(KVCacheManagerError, ValueError):
+    """A KV-cache config the managers cannot serve (block sizes that do not divide, an
+    attention type combination or option no coordinator supports)."""
+
+
+class UnsupportedKVCacheSpec(KVCacheManagerError, KeyError):
+    """A KV-cache spec type no manager handles (a ``KeyError`` as in vLLM)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class PrefixCachingNotSupported(KVCacheManagerError, ValueError):
+    """Prefix caching was asked of an attention type that never caches (cross-attention)."""
+
+
+# --------------------------------------------------------------------------- pure rules
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division."""
+    return -(-a // b)
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold ``num_tokens`` tokens."""
+    return -(-num_tokens // block_size)
+
+
+def num_blocks_to_allocate(
+    num_tokens: int,
+    block_size: int,
+    num_new_computed_blocks: int,
+    num_held_blocks: int,
+    num_evictable_computed_blocks: int,
+) -> int:
+    """New blocks one group needs for ``num_tokens`` tokens (free hits cost a block too)."""
+    return (
+        -(-num_tokens // block_size)
+        - num_new_computed_blocks
+        - num_held_blocks
+        + num_evictable_computed_blocks
+    )
+
+
+def sliding_window_skipped_tokens(num_computed_tokens: int, sliding_window: int) -> int:
+    return num_computed_tokens - sliding_window + 1
+
+
+def chunked_local_skipped_tokens(num_computed_tokens: int, attention_chunk_size: int) -> int:
+    return num_computed_tokens // attention_chunk_size * attention_chunk_size
+
+
+def mamba_skipped_tokens(num_computed_tokens: int) -> int:
+    return num_computed_tokens - 1
+
+
+def skipped_blocks(num_skipped_tokens: int, block_size: int) -> int:
+    """Leading blocks made entirely of skipped tokens."""
+    return num_skipped_tokens // block_size if num_skipped_tokens > 0 else 0
+
+
+def sliding_window_blocks_for_hit(sliding_window: int, block_size: int, use_eagle: bool) -> int:
+    return -(-(sliding_window - 1) // block_size) + (1 if use_eagle else 0)
+
+
+def _trim_full_hit(num_blocks: int, block_size: int, alignment_tokens: int, use_eagle: bool) -> int:
+    if use_eagle and num_blocks > 0:
+        num_blocks -= 1
+    while num_blocks * block_size % alignment_tokens:
+        num_blocks -= 1
+    return num_blocks
+
+
+def full_attention_hit_blocks(
+    hits: Sequence[bool],
+    max_length: int,
+    block_size: int,
+    alignment_tokens: int,
+    use_eagle: bool,
+) -> int:
+    """The leading run of hits within ``max_length`` tokens, EAGLE- and alignment-trimmed."""
+    max_blocks = max_length // block_size
+    num_blocks = 0
+    while num_blocks < max_blocks and hits[num_blocks]:
+        num_blocks += 1
+    return _trim_full_hit(num_blocks, block_size, alignment_tokens, use_eagle)
+
+
+def sliding_window_hit(
+    hits: Sequence[bool],
+    max_length: int,
+    block_size: int,
+    sliding_window: int,
+    alignment_tokens: int,
+    use_eagle: bool,
+) -> tuple[int, int]:
+    """``(first, end)``: null blocks before ``first``, cached hits in ``[first, end)``."""
+    need = sliding_window_blocks_for_hit(sliding_window, block_size, use_eagle)
+    unaligned = block_size != alignment_tokens
+    run = 0
+    for i in range(max_length // block_size - 1, -1, -1):
+        if not hits[i]:
+            run = 0
+        elif run == 0 and unaligned and (i + 1) * block_size % alignment_tokens:
+            continue
+        else:
+            run += 1
+            if run >= need:
+                end = i + run
+                if use_eagle:
+                    end -= 1
+                return min(i, end), end
+    end = run
+    while end * block_size % alignment_tokens:
+        end -= 1
+    if use_eagle and end > 0:
+        end -= 1
+    return 0, end
+
+
+def chunked_local_hit(
+    hits: Sequence[bool],
+    max_length: int,
+    block_size: int,
+    attention_chunk_size: int,
+) -> tuple[int, int]:
+    """``(first, end)``: null blocks before the current chunk, then the run of hits."""
+    max_blocks = max_length // block_size
+    first = max_length // attention_chunk_size * attention_chunk_size // block_size
+    end = first
+    while end < max_blocks and hits[end]:
+        end += 1
+    return first, end
+
+
+def mamba_hit_blocks(
+    hits: Sequence[bool],
+    max_length: int,
+    block_size: int,
+    alignment_tokens: int,
+) -> int:
+    """The last aligned hit (null blocks before it), as a block count; 0 if none."""
+    unaligned = block_size != alignment_tokens
+    for i in range(max_length // block_size - 1, -1, -1):
+        if hits[i] and not (unaligned and (i + 1) * block_size % alignment_tokens):
+            return i + 1
+    return 0
+
+
+class _HitPattern(Sequence[bool]):
+    """Whether block i's hash is cached in every group, looked up on first read."""
+
+    __slots__ = ("_block_hashes", "_block_pool", "_group_ids", "found")
+
+    def __init__(
+        self, block_hashes: BlockHashList, block_pool: BlockPool, group_ids: list[int]
+    ) -> None:
+        self._block_hashes = block_hashes
+        self._block_pool = block_pool
+        self._group_ids = group_ids
+        self.found: dict[int, list[KVCacheBlock] | None] = {}
+
+    def __len__(self) -> int:
+        return len(self._block_hashes)
+
+    @overload
+    def __getitem__(self, index: int) -> bool: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bool]: ...
+
+    def __getitem__(self, index: int | slice) -> bool | list[bool]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        found = self.found
+        if index in found:
+            return found[index] is not None
+        blocks = self._block_pool.get_cached_block(self._block_hashes[index], self._group_ids)
+        found[index] = blocks
+        return blocks is not None
+
+    def blocks(self, first: int, end: int, num_groups: int, null: KVCacheBlock) -> tuple[
+        list[KVCacheBlock], ...
+    ]:
+        """Per group: ``first`` null blocks, then the hits of ``[first, end)``."""
+        found = self.found
+        hit_rows = [found[i] for i in range(first, end)]
+        return tuple(
+            [null] * first + [row[g] for row in hit_rows]  # type: ignore[index]
+            for g in range(num_groups)
+        )
+
+
+def _cached_prefix(
+    block_pool: BlockPool, block_hashes: BlockHashList, group_id: int, max_blocks: int
+) -> list[KVCacheBlock]:
+    """The leading run of ``block_hashes[:max_blocks]`` cached in one group: the pool's
+    ``get_cached_block`` for one group, without building a list per block."""
+    get_one_block = block_pool.cached_block_hash_to_block.get_one_block
+    suffix = group_id.to_bytes(4, "big")
+    hit: list[KVCacheBlock] = []
+    append = hit.append
+    for block_hash in block_hashes[:max_blocks]:
+        block = get_one_block(block_hash + suffix)  # type: ignore[arg-type]
+        if block is None:
+            break
+        append(block)
+    return hit
+
+
+def _max_length_within(block_hashes: BlockHashList, max_length: int, block_size: int) -> int:
+    return min(max_length, len(block_hashes) * block_size)
+
+
+# --------------------------------------------------------------------------- managers
+
+
+class SingleTypeKVCacheManager(ABC):
+    """The blocks of every request in one KV-cache group, for one attention type."""
+
+    # Whether get_num_skipped_tokens can be positive (blocks slide out of the window).
+    skips_blocks: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        kv_cache_group_id: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> None:
+        for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
+            if type(size) is not int or size < 1:
+                raise InvalidKVCacheConfig(f"{name} must be a positive int, got {size!r}")
+        self.kv_cache_spec = kv_cache_spec
+        self.block_pool = block_pool
+        self.kv_cache_group_id = kv_cache_group_id
+        self.dcp_world_size = dcp_world_size
+        self.pcp_world_size = pcp_world_size
+        self.block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
+        self.num_cached_block: dict[str, int] = {}
+        self._null_block = block_pool.null_block
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> int:
+        """New blocks this group needs so that the request holds ``num_tokens`` tokens."""
+        held = self.req_to_blocks.get(request_id)
+        num_evictable = 0
+        if new_computed_blocks:
+            null = self._null_block
+            num_evictable = sum(
+                1 for b in new_computed_blocks if b.ref_cnt == 0 and b is not null
+            )
+        return (
+            -(-num_tokens // self.block_size)
+            - len(new_computed_blocks)
+            - (len(held) if held else 0)
+            + num_evictable
+        )
+
+    def save_new_computed_blocks(
+        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> None:
+        """Attach a new request's cache hits (already touched) as its first blocks."""
+        if request_id not in self.num_cached_block and not self.req_to_blocks.get(request_id):
+            self.req_to_blocks[request_id].extend(new_computed_blocks)
+            self.num_cached_block[request_id] = len(new_computed_blocks)
+        elif new_computed_blocks:
+            raise KVCacheManagerError(
+                f"request {request_id!r} already holds blocks and cannot take "
+                f"{len(new_computed_blocks)} cache hits"
+            )
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Append the blocks needed to hold ``num_tokens`` tokens; return the new ones."""
+        req_blocks = self.req_to_blocks[request_id]
+        num_new = -(-num_tokens // self.block_size) - len(req_blocks)
+        if num_new <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Key the request's blocks that ``num_tokens`` tokens fill and are not keyed yet."""
+        request_id = request.request_id
+        num_full = num_tokens // self.block_size
+        num_cached = self.num_cached_block.get(request_id, 0)
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(
+            request, self.req_to_blocks.get(request_id) or [], num_cached, num_full,
+            self.block_size, self.kv_cache_group_id,
+        )
+        self.num_cached_block[request_id] = num_full
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks, last block first (so the chain tail is evicted first)."""
+        blocks = self.req_to_blocks.pop(request_id, None)
+        if blocks:
+            blocks.reverse()
+            self.block_pool.free_blocks(blocks)
+        self.num_cached_block.pop(request_id, None)
+
+    # -- skipped (out-of-window) blocks --------------------------------------------------
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Leading tokens no future token attends to (none by default)."""
+        return 0
+
+    def skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> list[int]:
+        """Indices of the request's blocks that ``remove_skipped_blocks`` would free, highest
+        first (it stops at the first null block: everything before it is already null)."""
+        if not self.skips_blocks:
+            return []
+        num_skipped = self.get_num_skipped_tokens(num_computed_tokens)
+        if num_skipped <= 0:
+            return []
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return []
+        null = self._null_block
+        indices = []
+        for i in range(min(num_skipped // self.block_size, len(blocks)) - 1, -1, -1):
+            if blocks[i] is null:
+                break
+            indices.append(i)
+        return indices
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Replace out-of-window blocks by the null block and free them, highest index first."""
+        indices = self.skipped_blocks_to_free(request_id, num_computed_tokens)
+        if not indices:
+            return
+        blocks = self.req_to_blocks[request_id]
+        removed = [blocks[i] for i in indices]
+        null = self._null_block
+        for i in indices:
+            blocks[i] = null
+        self.block_pool.free_blocks(removed)
+
+    def num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
+        """Blocks ``remove_skipped_blocks`` would return to the free queue."""
+        indices = self.skipped_blocks_to_free(request_id, num_computed_tokens)
+        if not indices:
+            return 0
+        blocks = self.req_to_blocks[request_id]
+        return sum(1 for i in indices if blocks[i].ref_cnt == 1)
+
+    # -- prefix caching ------------------------------------------------------------------
+
+    @abstractmethod
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """Leading blocks every running request shares (for cascade attention)."""
+
+    @classmethod
+    @abstractmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """Per group in ``kv_cache_group_ids``: the blocks of the longest cache hit within
+        ``max_length`` tokens (the same length in every group)."""
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    """Full attention (and MLA): a hit is the leading run of cached blocks."""
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        max_blocks = min(max_length // block_size, len(block_hashes))
+        if len(kv_cache_group_ids) == 1:
+            hit = _cached_prefix(block_pool, block_hashes, kv_cache_group_ids[0], max_blocks)
+            num_blocks = _trim_full_hit(len(hit), block_size, alignment_tokens, use_eagle)
+            if num_blocks < len(hit):
+                del hit[num_blocks:]
+            return (hit,)
+        get_cached_block = block_pool.get_cached_block
+        rows: list[list[KVCacheBlock]] = []
+        for i in range(max_blocks):
+            found = get_cached_block(block_hashes[i], kv_cache_group_ids)
+            if found is None:
+                break
+            rows.append(found)
+        num_blocks = _trim_full_hit(len(rows), block_size, alignment_tokens, use_eagle)
+        return tuple(
+            [row[g] for row in rows[:num_blocks]] for g in range(len(kv_cache_group_ids))
+        )
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        blocks = self.req_to_blocks.get(running_request_id)
+        if not blocks:
+            return 0
+        num_requests = len(self.req_to_blocks)
+        count = 0
+        for block in blocks:
+            if block.ref_cnt != num_requests:
+                break
+            count += 1
+        return count
+
+
+class SinkFullAttentionManager(FullAttentionManager):
+    """Full attention whose ``sink_len`` sink tokens live in blocks shared by every request,
+    taken from the pool once, when the manager is built."""
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        kv_cache_group_id: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> None:
+        super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
+                         pcp_world_size)
+        sink_len = getattr(kv_cache_spec, "sink_len", None)
+        if type(sink_len) is not int or sink_len <= 0 or sink_len % self.block_size:
+            raise InvalidKVCacheConfig(
+                f"sink_len must be a positive multiple of the block size {self.block_size}, "
+                f"got {sink_len!r}"
+            )
+        num_sink_blocks = sink_len // self.block_size
+        if num_sink_blocks > block_pool.get_num_free_blocks():
+            raise InvalidKVCacheConfig(
+                f"{num_sink_blocks} sink blocks do not fit a pool with "
+                f"{block_pool.get_num_free_blocks()} free blocks"
+            )
+        self.sink_blocks = block_pool.get_new_blocks(num_sink_blocks)
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding-window attention: blocks that slid out of the window become null blocks; a
+    hit is the last run of blocks covering a window, searched right to left."""
+
+    skips_blocks = True
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        kv_cache_group_id: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> None:
+        if not isinstance(kv_cache_spec, SlidingWindowSpec):
+            raise InvalidKVCacheConfig(f"SlidingWindowManager cannot serve {kv_cache_spec!r}")
+        _require_no_context_parallel("sliding-window", dcp_world_size, pcp_world_size)
+        super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
+                         pcp_world_size)
+        self.sliding_window = kv_cache_spec.sliding_window
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        if not isinstance(kv_cache_spec, SlidingWindowSpec):
+            raise InvalidKVCacheConfig(f"SlidingWindowManager cannot serve {kv_cache_spec!r}")
+        _require_no_context_parallel("sliding-window", dcp_world_size, pcp_world_size)
+        block_size = kv_cache_spec.block_size
+        hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
+        first, end = sliding_window_hit(
+            hits, _max_length_within(block_hashes, max_length, block_size), block_size,
+            kv_cache_spec.sliding_window, alignment_tokens, use_eagle,
+        )
+        return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens - self.sliding_window + 1
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """Chunked local attention: blocks of earlier chunks become null blocks; a hit is null
+    blocks up to the current chunk, then the run of cached blocks."""
+
+    skips_blocks = True
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        kv_cache_group_id: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> None:
+        if not isinstance(kv_cache_spec, ChunkedLocalAttentionSpec):
+            raise InvalidKVCacheConfig(
+                f"ChunkedLocalAttentionManager cannot serve {kv_cache_spec!r}"
+            )
+        _require_no_context_parallel("chunked local", dcp_world_size, pcp_world_size)
+        super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
+                         pcp_world_size)
+        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        if not isinstance(kv_cache_spec, ChunkedLocalAttentionSpec):
+            raise InvalidKVCacheConfig(
+                f"ChunkedLocalAttentionManager cannot serve {kv_cache_spec!r}"
+            )
+        _require_no_context_parallel("chunked local", dcp_world_size, pcp_world_size)
+        if use_eagle:
+            raise InvalidKVCacheConfig("chunked local attention does not support EAGLE")
+        block_size = kv_cache_spec.block_size
+        if alignment_tokens != block_size:
+            raise InvalidKVCacheConfig(
+                f"chunked local attention needs the hit alignment ({alignment_tokens} tokens) "
+                f"to equal its block size {block_size}"
+            )
+        hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
+        first, end = chunked_local_hit(
+            hits, _max_length_within(block_hashes, max_length, block_size), block_size,
+            kv_cache_spec.attention_chunk_size,
+        )
+        return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    """A state-space layer: only the latest state block matters; a hit is the last cached
+    block, searched right to left, with null blocks before it."""
+
+    skips_blocks = True
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        kv_cache_group_id: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> None:
+        if not isinstance(kv_cache_spec, MambaSpec):
+            raise InvalidKVCacheConfig(f"MambaManager cannot serve {kv_cache_spec!r}")
+        _require_no_context_parallel("Mamba", dcp_world_size, pcp_world_size)
+        super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
+                         pcp_world_size)
+        spec_blocks = kv_cache_spec.num_speculative_blocks
+        self.num_speculative_tokens = kv_cache_spec.block_size * spec_blocks
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        if not isinstance(kv_cache_spec, MambaSpec):
+            raise InvalidKVCacheConfig(f"MambaManager cannot serve {kv_cache_spec!r}")
+        _require_no_context_parallel("Mamba", dcp_world_size, pcp_world_size)
+        block_size = kv_cache_spec.block_size
+        hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
+        end = mamba_hit_blocks(
+            hits, _max_length_within(block_hashes, max_length, block_size), block_size,
+            alignment_tokens,
+        )
+        first = max(end - 1, 0)
+        return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
+
+    def get_num_blocks_to_allocate(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> int:
+        return super().get_num_blocks_to_allocate(
+            request_id, num_tokens + self.num_speculative_tokens, new_computed_blocks
+        )
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        return super().allocate_new_blocks(request_id, num_tokens + self.num_speculative_tokens)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens - 1
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+
+class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Decoder-to-encoder attention: blocks for the encoder tokens, allocated once, never
+    prefix-cached."""
+
+    def save_new_computed_blocks(
+        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> None:
+        if new_computed_blocks:
+            raise PrefixCachingNotSupported(
+                f"cross-attention never has cache hits, got {len(new_computed_blocks)} for "
+                f"request {request_id!r}"
+            )
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        raise PrefixCachingNotSupported("Should not be called as prefix caching is disabled.")
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+        return 0
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList,
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        use_eagle: bool,
+        alignment_tokens: int,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        raise NotImplementedError("cross-attention blocks are never prefix-cached")
+
+
+def _require_no_context_parallel(kind: str, dcp_world_size: int, pcp_world_size: int) -> None:
+    if dcp_world_size != 1 or pcp_world_size != 1:
+        raise InvalidKVCacheConfig(
+            f"{kind} attention does not support context parallelism "
+            f"(dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size})"
+        )
+
+
+spec_manager_map: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
+    FullAttentionSpec: FullAttentionManager,
+    MLAAttentionSpec: FullAttentionManager,
+    SinkFullAttentionSpec: SinkFullAttentionManager,
+    SlidingWindowSpec: SlidingWindowManager,
+    ChunkedLocalAttentionSpec: ChunkedLocalAttentionManager,
+    MambaSpec: MambaManager,
+    CrossAttentionSpec: CrossAttentionManager,
+}
+
+
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec, **kwargs: Any
+) -> SingleTypeKVCacheManager:
+    """The manager of ``kv_cache_spec``'s exact type (``UnsupportedKVCacheSpec`` if none)."""
+    manager_class = spec_manager_map.get(type(kv_cache_spec))
+    if manager_class is None:
+        raise UnsupportedKVCacheSpec(
+            f"no KV-cache manager handles {type(kv_cache_spec).__name__} "
+            f"({kv_cache_spec!r}); known: {sorted(t.__name__ for t in spec_manager_map)}"
+        )
+    return manager_class(kv_cache_spec, **kwargs)

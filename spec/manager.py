@@ -1,0 +1,738 @@
+"""The KV-cache manager, as an executable model (seeds 002 and 004; vllm-v1-notes sections 3-5).
+
+One immutable value, `ManagerState`, holds the pool model (`spec.pool`) and, per KV-cache
+group, each request's block list and how many of its blocks are keyed. Every operation is a
+pure function returning the new state and its outputs. The attention types' arithmetic lives
+in `spec.attention_rules`; the invariants are named predicates at the end of this module.
+
+What the model says, in the words of the seeds:
+
+* A request's prefix-cache lookup (`get_computed_blocks`) is capped at ``num_tokens - 1``
+  tokens (the last token is always recomputed for its logits). Groups with equal specs are
+  looked up together: a block is a hit only when it hits in all of them. Each attention type
+  has its own search rule, and with several types the lookup repeats over the types, each
+  limited by the hit length found so far, until a whole pass shortens nothing.
+* `allocate_slots` is one transaction in five stages: free the blocks that slid out of the
+  window, check capacity, attach the cache hits, allocate new blocks, key the blocks that are
+  full now (never the lookahead or draft tokens). When the pool is short it returns None and
+  the state is exactly what it was (stage 2 is counted before stage 1 is applied).
+* `free` releases each group's blocks in reverse order, so the tail of a chain is evicted
+  before its head.
+
+Deliberate differences from vLLM 0.13 (impl/ follows the model): a short pool changes nothing
+(0.13 frees the out-of-window blocks first); a sink-attention group holds its sink blocks as
+ordinary references taken at construction; configs 0.13 would reject with an assertion or a
+late NotImplementedError (cross-attention with prefix caching) are refused when built.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from spec import attention_rules as rules
+from spec import pool as P
+from spec.pool import NULL_BLOCK, BlockId, PoolState
+
+__all__ = [
+    "BadAllocation",
+    "BadConfig",
+    "GroupSpec",
+    "Kind",
+    "ManagerConfig",
+    "ManagerError",
+    "ManagerState",
+    "RequestView",
+    "UnknownRequest",
+    "allocate_slots",
+    "cache_blocks",
+    "coarse_hashes",
+    "find_longest_cache_hit",
+    "free",
+    "get_blocks",
+    "get_computed_blocks",
+    "get_num_common_prefix_blocks",
+    "new_manager",
+    "reset_prefix_cache",
+    "take_events",
+    "usage",
+    "violated",
+]
+
+
+# --- Errors ------------------------------------------------------------------------------------
+
+
+class ManagerError(Exception):
+    """A call the manager must refuse; nothing changes."""
+
+
+class BadConfig(ManagerError, ValueError):
+    """A configuration no manager can serve."""
+
+
+class BadAllocation(ManagerError, ValueError):
+    """allocate_slots arguments no allocation can have."""
+
+
+class UnknownRequest(ManagerError, LookupError):
+    """A request id the manager holds no blocks for (strict free only)."""
+
+
+# --- Configuration -----------------------------------------------------------------------------
+
+
+class Kind(Enum):
+    """The attention type of a KV-cache group, i.e. which manager serves it."""
+
+    FULL = "full"  # full attention and MLA
+    SINK_FULL = "sink_full"
+    SLIDING_WINDOW = "sliding_window"
+    CHUNKED_LOCAL = "chunked_local"
+    MAMBA = "mamba"
+    CROSS = "cross"
+
+
+FULL_KINDS = (Kind.FULL, Kind.SINK_FULL)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group's spec. Groups with equal GroupSpecs (``identity`` included: two
+    groups of one kind whose layers differ, e.g. in head count, have different identities)
+    share prefix-cache lookups."""
+
+    kind: Kind
+    block_size: int
+    sliding_window: int = 0
+    attention_chunk_size: int = 0
+    num_speculative_blocks: int = 0
+    sink_len: int = 0
+    identity: str = ""
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    groups: tuple[GroupSpec, ...]
+    num_blocks: int
+    max_model_len: int
+    hash_block_size: int
+    enable_caching: bool = True
+    use_eagle: bool = False
+    enable_events: bool = False
+    profile: P.Profile = P.Profile.V0_13
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """What the manager reads of a request. ``block_hashes`` are the chain hashes of its full
+    blocks of ``hash_block_size`` tokens (extra keys: LoRA, multimodal, cache_salt included)."""
+
+    request_id: str
+    num_tokens: int
+    num_computed_tokens: int
+    block_hashes: tuple[bytes, ...]
+    token_ids: tuple[int, ...] = ()
+    lora_id: int | None = None
+    skip_reading_prefix_cache: bool = False
+
+
+# --- State -------------------------------------------------------------------------------------
+
+Table = tuple[tuple[str, tuple[BlockId, ...]], ...]  # request id -> blocks, sorted by id
+Counts = tuple[tuple[str, int], ...]  # request id -> keyed blocks, sorted by id
+GroupBlocks = tuple[tuple[BlockId, ...], ...]  # per group
+
+
+@dataclass(frozen=True)
+class ManagerState:
+    config: ManagerConfig
+    pool: PoolState
+    tables: tuple[Table, ...]  # per group: every request holding a block list in it
+    num_cached: tuple[Counts, ...]  # per group
+    sink_blocks: GroupBlocks  # per group (empty but for sink attention)
+
+
+def _lookup(pairs: Sequence[tuple[str, object]], key: str) -> object | None:
+    for k, v in pairs:
+        if k == key:
+            return v
+    return None
+
+
+def _table_get(table: Table, request_id: str) -> tuple[BlockId, ...] | None:
+    found = _lookup(table, request_id)
+    return found  # type: ignore[return-value]
+
+
+def _count_get(counts: Counts, request_id: str) -> int:
+    found = _lookup(counts, request_id)
+    return 0 if found is None else found  # type: ignore[return-value]
+
+
+def _put(pairs: tuple[tuple[str, object], ...], key: str, value: object) -> tuple[
+    tuple[str, object], ...
+]:
+    rest = {k: v for k, v in pairs if k != key}
+    rest[key] = value
+    return tuple(sorted(rest.items()))
+
+
+def _drop(pairs: tuple[tuple[str, object], ...], key: str) -> tuple[tuple[str, object], ...]:
+    return tuple((k, v) for k, v in pairs if k != key)
+
+
+def new_manager(config: ManagerConfig) -> ManagerState:
+    """A manager over a fresh pool; sink-attention groups take their sink blocks, in group
+    order. Refuses configs no coordinator serves (see the module docstring)."""
+    _check_config(config)
+    pool = P.new_pool(config.num_blocks, config.enable_caching, config.enable_events,
+                      config.profile)
+    sinks: list[tuple[BlockId, ...]] = []
+    for group in config.groups:
+        taken: tuple[BlockId, ...] = ()
+        if group.kind is Kind.SINK_FULL:
+            if group.sink_len // group.block_size > P.num_free(pool):
+                raise BadConfig(f"{group.sink_len // group.block_size} sink blocks do not fit")
+            pool, taken = P.get_new_blocks(pool, group.sink_len // group.block_size)
+        sinks.append(taken)
+    empty_groups = tuple(() for _ in config.groups)
+    return ManagerState(config, pool, empty_groups, empty_groups, tuple(sinks))
+
+
+def _check_config(config: ManagerConfig) -> None:
+    groups = config.groups
+    if config.num_blocks < 1 or config.max_model_len < 1 or config.hash_block_size < 1:
+        raise BadConfig(f"sizes must be positive: {config!r}")
+    for group in groups:
+        if group.block_size < 1:
+            raise BadConfig(f"block size must be positive: {group!r}")
+        if group.kind is Kind.SLIDING_WINDOW and group.sliding_window < 1:
+            raise BadConfig(f"sliding window must be positive: {group!r}")
+        if group.kind is Kind.CHUNKED_LOCAL and group.attention_chunk_size < 1:
+            raise BadConfig(f"chunk size must be positive: {group!r}")
+        if group.kind is Kind.SINK_FULL and (
+            group.sink_len < 1 or group.sink_len % group.block_size
+        ):
+            raise BadConfig(f"sink_len must be a positive multiple of the block size: {group!r}")
+    if not config.enable_caching:
+        return
+    if any(g.kind is Kind.CROSS for g in groups):
+        raise BadConfig("cross-attention is never prefix-cached: turn caching off")
+    if len(groups) == 1:
+        if groups[0].block_size != config.hash_block_size:
+            raise BadConfig(
+                f"block size {groups[0].block_size} != hash block size {config.hash_block_size}"
+            )
+    else:
+        if len(groups) == 0:
+            raise BadConfig("a prefix-cached manager needs at least one KV-cache group")
+        if config.use_eagle:
+            raise BadConfig("EAGLE with several KV-cache groups is not supported")
+        for group in groups:
+            if group.block_size % config.hash_block_size:
+                raise BadConfig(
+                    f"block size {group.block_size} is not a multiple of hash block size "
+                    f"{config.hash_block_size}"
+                )
+        alignment = math.lcm(*(g.block_size for g in groups))
+        for group in groups:
+            if group.kind is Kind.CHUNKED_LOCAL and group.block_size != alignment:
+                raise BadConfig(f"chunked local block size {group.block_size} != {alignment}")
+    if config.use_eagle and groups[0].kind in (Kind.CHUNKED_LOCAL,):
+        raise BadConfig("chunked local attention does not support EAGLE")
+
+
+# --- Lookup ------------------------------------------------------------------------------------
+
+
+def coarse_hashes(
+    block_hashes: Sequence[bytes], hash_block_size: int, block_size: int
+) -> tuple[bytes, ...]:
+    """Hashes of blocks ``block_size // hash_block_size`` times larger: the concatenation of
+    the fine hashes each covers (vLLM 0.13).
+
+    pre: hash_block_size > 0 and block_size % hash_block_size == 0 and block_size > 0
+    post: len(__return__) == len(block_hashes) // (block_size // hash_block_size)
+    """
+    scale = block_size // hash_block_size
+    if scale == 1:
+        return tuple(block_hashes)
+    return tuple(
+        b"".join(block_hashes[i * scale : (i + 1) * scale])
+        for i in range(len(block_hashes) // scale)
+    )
+
+
+def _hit_pattern(pool: PoolState, hashes: Sequence[bytes], group_ids: Sequence[int]) -> tuple[
+    bool, ...
+]:
+    return tuple(P.get_cached_block(pool, h, group_ids) is not None for h in hashes)
+
+
+def _hit_blocks(
+    pool: PoolState, hashes: Sequence[bytes], group_ids: Sequence[int], first: int, end: int
+) -> GroupBlocks:
+    rows = [P.get_cached_block(pool, hashes[i], group_ids) for i in range(first, end)]
+    return tuple(
+        (NULL_BLOCK,) * first + tuple(row[g] for row in rows)  # type: ignore[index]
+        for g in range(len(group_ids))
+    )
+
+
+def _type_hit(
+    state: ManagerState,
+    group: GroupSpec,
+    group_ids: Sequence[int],
+    block_hashes: Sequence[bytes],
+    max_length: int,
+    alignment: int,
+) -> GroupBlocks:
+    """One attention type's hit within max_length tokens, per group of the type."""
+    config = state.config
+    bs = group.block_size
+    hashes = coarse_hashes(block_hashes, config.hash_block_size, bs)
+    hits = _hit_pattern(state.pool, hashes, group_ids)
+    max_length = min(max_length, len(hashes) * bs)
+    eagle = config.use_eagle
+    if group.kind in FULL_KINDS:
+        end = rules.full_attention_hit_blocks(hits, max_length, bs, alignment, eagle)
+        first = 0
+    elif group.kind is Kind.SLIDING_WINDOW:
+        first, end = rules.sliding_window_hit(
+            hits, max_length, bs, group.sliding_window, alignment, eagle
+        )
+    elif group.kind is Kind.CHUNKED_LOCAL:
+        first, end = rules.chunked_local_hit(hits, max_length, bs, group.attention_chunk_size)
+    elif group.kind is Kind.MAMBA:
+        end = rules.mamba_hit_blocks(hits, max_length, bs, alignment)
+        first = max(end - 1, 0)
+    else:
+        raise BadConfig(f"{group.kind} is never prefix-cached")
+    return _hit_blocks(state.pool, hashes, group_ids, first, end)
+
+
+def attention_types(config: ManagerConfig) -> tuple[tuple[GroupSpec, tuple[int, ...]], ...]:
+    """Distinct group specs with their group ids: full attention first, then group order."""
+    order: dict[GroupSpec, list[int]] = {}
+    for group_id, group in enumerate(config.groups):
+        order.setdefault(group, []).append(group_id)
+    types = [(spec, tuple(ids)) for spec, ids in order.items()]
+    return tuple(sorted(types, key=lambda t: t[0].kind not in FULL_KINDS))
+
+
+def find_longest_cache_hit(
+    state: ManagerState, block_hashes: Sequence[bytes], max_cache_hit_length: int
+) -> tuple[GroupBlocks, int]:
+    """Per group, the blocks of the longest hit within max_cache_hit_length tokens, and its
+    length. Caching off: nothing. One group: its rule, once, aligned to its block size. Several:
+    every type's rule in turn, aligned to the lcm of the block sizes, limited by the length
+    so far, until a whole pass shortens nothing."""
+    config = state.config
+    groups = config.groups
+    if not config.enable_caching:
+        return tuple(() for _ in groups), 0
+    alignment = math.lcm(*(g.block_size for g in groups))
+    if len(groups) == 1:
+        # One group: its rule, once (EAGLE's dropped block must not be dropped again).
+        hit = _type_hit(state, groups[0], (0,), block_hashes, max_cache_hit_length, alignment)
+        return hit, len(hit[0]) * groups[0].block_size
+    length = max_cache_hit_length
+    found: dict[int, GroupBlocks] = {}
+    while True:
+        shortened = False
+        for index, (spec, group_ids) in enumerate(attention_types(config)):
+            found[index] = _type_hit(state, spec, group_ids, block_hashes, length, alignment)
+            hit_length = len(found[index][0]) * spec.block_size
+            if hit_length < length:
+                length, shortened = hit_length, True
+        if not shortened:
+            break
+    per_group: list[tuple[BlockId, ...]] = [() for _ in groups]
+    for index, (_, group_ids) in enumerate(attention_types(config)):
+        for group_id, blocks in zip(group_ids, found[index], strict=True):
+            per_group[group_id] = blocks
+    return tuple(per_group), length
+
+
+def get_computed_blocks(state: ManagerState, request: RequestView) -> tuple[GroupBlocks, int]:
+    """The longest cached prefix of the request, capped at num_tokens - 1 tokens."""
+    if not state.config.enable_caching or request.skip_reading_prefix_cache:
+        return tuple(() for _ in state.config.groups), 0
+    return find_longest_cache_hit(state, request.block_hashes, request.num_tokens - 1)
+
+
+# --- Allocation --------------------------------------------------------------------------------
+
+
+def _skipped_tokens(group: GroupSpec, num_computed_tokens: int) -> int:
+    if group.kind is Kind.SLIDING_WINDOW:
+        return rules.sliding_window_skipped_tokens(num_computed_tokens, group.sliding_window)
+    if group.kind is Kind.CHUNKED_LOCAL:
+        return rules.chunked_local_skipped_tokens(num_computed_tokens,
+                                                  group.attention_chunk_size)
+    if group.kind is Kind.MAMBA:
+        return rules.mamba_skipped_tokens(num_computed_tokens)
+    return 0
+
+
+def _skipped_indices(blocks: Sequence[BlockId], group: GroupSpec, num_computed: int) -> list[int]:
+    """Indices of blocks that slid out of the window, highest first, down to the first null."""
+    count = min(rules.skipped_blocks(_skipped_tokens(group, num_computed), group.block_size),
+                len(blocks))
+    indices = []
+    for i in range(count - 1, -1, -1):
+        if blocks[i] == NULL_BLOCK:
+            break
+        indices.append(i)
+    return indices
+
+
+def _slot_tokens(group: GroupSpec, num_tokens: int, num_encoder_tokens: int) -> int:
+    if group.kind is Kind.CROSS:
+        return num_encoder_tokens
+    if group.kind is Kind.MAMBA:
+        return num_tokens + group.block_size * group.num_speculative_blocks
+    return num_tokens
+
+
+def allocate_slots(
+    state: ManagerState,
+    request: RequestView,
+    num_new_tokens: int,
+    num_new_computed_tokens: int = 0,
+    new_computed_blocks: GroupBlocks | None = None,
+    num_lookahead_tokens: int = 0,
+    delay_cache_blocks: bool = False,
+    num_encoder_tokens: int = 0,
+) -> tuple[ManagerState, GroupBlocks | None]:
+    """Slots for num_new_tokens more tokens (and the lookahead ones) after attaching the hits
+    new_computed_blocks; the new blocks per group, or None with the state unchanged."""
+    config = state.config
+    groups = config.groups
+    rid = request.request_id
+    if num_new_tokens <= 0:
+        raise BadAllocation(f"num_new_tokens must be greater than 0, got {num_new_tokens}")
+    if min(num_new_computed_tokens, num_lookahead_tokens, num_encoder_tokens) < 0:
+        raise BadAllocation("token counts must be >= 0")
+    hits = new_computed_blocks if new_computed_blocks is not None else tuple(() for _ in groups)
+    if len(hits) != len(groups):
+        raise BadAllocation(f"{len(hits)} groups of hits for {len(groups)} groups")
+    held = [_table_get(state.tables[g], rid) for g in range(len(groups))]
+    if any(hits):
+        if not config.enable_caching:
+            raise BadAllocation("cache hits with prefix caching off")
+        if any(h is not None for h in held):
+            raise BadAllocation(f"request {rid!r} already holds blocks")
+    num_computed = request.num_computed_tokens + num_new_computed_tokens
+    need = min(num_computed + num_new_tokens + num_lookahead_tokens, config.max_model_len)
+    to_cache = min(num_computed + num_new_tokens, request.num_tokens)
+    caching_now = config.enable_caching and not delay_cache_blocks
+    if caching_now and len(request.block_hashes) < to_cache // config.hash_block_size:
+        raise BadAllocation(f"request {rid!r} has too few block hashes")
+
+    # Stage 2, counted before anything changes.
+    pool = state.pool
+    wanted = 0
+    freed_by_skip = 0
+    for g, group in enumerate(groups):
+        blocks = held[g] or ()
+        group_hits = () if group.kind is Kind.CROSS else hits[g]
+        evictable = sum(1 for b in group_hits if b != NULL_BLOCK and pool.ref[b] == 0)
+        # A group's surplus (a negative count) is no use to the others.
+        wanted += max(0, rules.num_blocks_to_allocate(
+            _slot_tokens(group, need, num_encoder_tokens), group.block_size,
+            len(group_hits), len(blocks), evictable,
+        ))
+        skipped = _skipped_indices(blocks, group, request.num_computed_tokens)
+        freed_by_skip += sum(1 for i in skipped if pool.ref[blocks[i]] == 1)
+    if wanted > P.num_free(pool) + freed_by_skip:
+        return state, None
+
+    tables = list(state.tables)
+    counts = list(state.num_cached)
+    # Stage 1: out-of-window blocks become null blocks and go back to the pool.
+    for g, group in enumerate(groups):
+        current = held[g]
+        if current is None:
+            continue
+        skipped = _skipped_indices(current, group, request.num_computed_tokens)
+        if skipped:
+            pool = P.free_blocks(pool, [current[i] for i in skipped])
+            nulled = list(current)
+            for i in skipped:
+                nulled[i] = NULL_BLOCK
+            held[g] = tuple(nulled)
+    # Stage 3: attach the hits (a new request only).
+    if any(hits):
+        pool = P.touch(pool, [b for group_hits in hits for b in group_hits])
+    for g in range(len(groups)):
+        if held[g] is None and hits[g]:
+            held[g] = tuple(hits[g])
+            counts[g] = _put(counts[g], rid, len(hits[g]))  # type: ignore[assignment]
+    # Stage 4: new blocks, group by group.
+    new_blocks: list[tuple[BlockId, ...]] = []
+    for g, group in enumerate(groups):
+        blocks = held[g] or ()
+        missing = rules.blocks_needed(_slot_tokens(group, need, num_encoder_tokens),
+                                      group.block_size) - len(blocks)
+        taken: tuple[BlockId, ...] = ()
+        if missing > 0:
+            pool, taken = P.get_new_blocks(pool, missing)
+        held[g] = blocks + taken
+        new_blocks.append(taken)
+        tables[g] = _put(tables[g], rid, held[g])  # type: ignore[assignment]
+    state = replace(state, pool=pool, tables=tuple(tables), num_cached=tuple(counts))
+    # Stage 5: key the blocks the computed tokens fill.
+    if caching_now:
+        state = cache_blocks(state, request, to_cache)
+    return state, tuple(new_blocks)
+
+
+def cache_blocks(state: ManagerState, request: RequestView, num_tokens: int) -> ManagerState:
+    """Key every group's blocks that num_tokens tokens fill and that are not keyed yet."""
+    config = state.config
+    if not config.enable_caching:
+        return state
+    pool = state.pool
+    counts = list(state.num_cached)
+    rid = request.request_id
+    for g, group in enumerate(config.groups):
+        blocks = _table_get(state.tables[g], rid) or ()
+        num_full = num_tokens // group.block_size
+        num_cached = _count_get(counts[g], rid)
+        if num_cached >= num_full:
+            continue
+        if group.kind is Kind.CROSS:
+            raise BadConfig("cross-attention is never prefix-cached")
+        bs = group.block_size
+        pool = P.cache_full_blocks(
+            pool, blocks, coarse_hashes(request.block_hashes, config.hash_block_size, bs),
+            num_cached, num_full, g,
+            token_ids=request.token_ids[num_cached * bs : num_full * bs], block_size=bs,
+            lora_id=request.lora_id,
+        )
+        counts[g] = _put(counts[g], rid, num_full)  # type: ignore[assignment]
+    return replace(state, pool=pool, num_cached=tuple(counts))
+
+
+def free(state: ManagerState, request_id: str, strict: bool = False) -> ManagerState:
+    """Release the request's blocks: group by group, each list last block first."""
+    if strict and all(_table_get(t, request_id) is None for t in state.tables):
+        raise UnknownRequest(f"no blocks held for request {request_id!r}")
+    pool = state.pool
+    for table in state.tables:
+        blocks = _table_get(table, request_id)
+        if blocks:
+            pool = P.free_blocks(pool, tuple(reversed(blocks)))
+    return replace(
+        state,
+        pool=pool,
+        tables=tuple(_drop(t, request_id) for t in state.tables),  # type: ignore[misc]
+        num_cached=tuple(_drop(c, request_id) for c in state.num_cached),  # type: ignore[misc]
+    )
+
+
+# --- Queries -----------------------------------------------------------------------------------
+
+
+def get_blocks(state: ManagerState, request_id: str) -> GroupBlocks:
+    return tuple(_table_get(t, request_id) or () for t in state.tables)
+
+
+def get_num_common_prefix_blocks(state: ManagerState, request_id: str) -> tuple[int, ...]:
+    """Per group: full attention counts the leading blocks of the request whose ref count is
+    the number of requests holding blocks in the group; other types (and caching off) 0."""
+    if not state.config.enable_caching:
+        return tuple(0 for _ in state.config.groups)
+    result = []
+    for group, table in zip(state.config.groups, state.tables, strict=True):
+        count = 0
+        if group.kind in FULL_KINDS:
+            for block in _table_get(table, request_id) or ():
+                if state.pool.ref[block] != len(table):
+                    break
+                count += 1
+        result.append(count)
+    return tuple(result)
+
+
+def usage(state: ManagerState) -> float:
+    return P.usage(state.pool)
+
+
+def reset_prefix_cache(state: ManagerState) -> tuple[ManagerState, bool]:
+    pool, done = P.reset_prefix_cache(state.pool)
+    return replace(state, pool=pool), done
+
+
+def take_events(state: ManagerState) -> tuple[ManagerState, tuple[P.Event, ...]]:
+    pool, events = P.take_events(state.pool)
+    return replace(state, pool=pool), events
+
+
+# --- Invariants --------------------------------------------------------------------------------
+
+
+def ref_counts_are_references(state: ManagerState) -> bool:
+    """Every non-null block's ref count is the number of request lists (and sink
+    reservations) holding it."""
+    counts = [0] * state.config.num_blocks
+    for table in state.tables:
+        for _, blocks in table:
+            for block in blocks:
+                counts[block] += 1
+    for sinks in state.sink_blocks:
+        for block in sinks:
+            counts[block] += 1
+    return all(state.pool.ref[b] == counts[b] for b in range(1, state.config.num_blocks))
+
+
+def no_block_twice_in_a_list(state: ManagerState) -> bool:
+    """A request's list in one group never holds a real block twice."""
+    return all(
+        len(real) == len(set(real))
+        for table in state.tables
+        for _, blocks in table
+        for real in [[b for b in blocks if b != NULL_BLOCK]]
+    )
+
+
+def blocks_keyed_in_their_group(state: ManagerState) -> bool:
+    """A keyed block held by a request of group g carries g's id in its key."""
+    for g, table in enumerate(state.tables):
+        for _, blocks in table:
+            for block in blocks:
+                key = state.pool.key_of[block]
+                if key is not None and int.from_bytes(key[-4:], "big") != g:
+                    return False
+    return True
+
+
+def cached_prefix_is_keyed(state: ManagerState) -> bool:
+    """The first num_cached blocks of every list are keyed (or null) and no more than the list."""
+    for table, counts in zip(state.tables, state.num_cached, strict=True):
+        for rid, num_cached in counts:
+            blocks = _table_get(table, rid)
+            if blocks is None or num_cached > len(blocks):
+                return False
+            if any(b != NULL_BLOCK and state.pool.key_of[b] is None for b in blocks[:num_cached]):
+                return False
+    return True
+
+
+def null_blocks_only_where_skipped(state: ManagerState) -> bool:
+    """Full, sink and cross-attention lists hold no null block; the others hold null blocks
+    only before their real ones."""
+    for group, table in zip(state.config.groups, state.tables, strict=True):
+        for _, blocks in table:
+            if group.kind in (*FULL_KINDS, Kind.CROSS):
+                if NULL_BLOCK in blocks:
+                    return False
+            else:
+                real = [i for i, b in enumerate(blocks) if b != NULL_BLOCK]
+                if real and NULL_BLOCK in blocks[real[0]:]:
+                    return False
+    return True
+
+
+def no_caching_no_keys(state: ManagerState) -> bool:
+    """With caching off nothing is keyed and nothing counted as keyed."""
+    if state.config.enable_caching:
+        return True
+    return all(k is None for k in state.pool.key_of) and all(
+        n == 0 for counts in state.num_cached for _, n in counts
+    )
+
+
+def request_blocks_match_hashes(state: ManagerState, requests: Mapping[str, RequestView]) -> bool:
+    """Every keyed block in the cached prefix of a request's list is keyed with that
+    request's chain hash at its position (in its group)."""
+    config = state.config
+    for g, (group, table) in enumerate(zip(config.groups, state.tables, strict=True)):
+        counts = state.num_cached[g]
+        for rid, blocks in table:
+            request = requests.get(rid)
+            if request is None:
+                continue
+            hashes = coarse_hashes(request.block_hashes, config.hash_block_size,
+                                   group.block_size)
+            for i in range(_count_get(counts, rid)):
+                block = blocks[i]
+                if block == NULL_BLOCK:
+                    continue
+                if i >= len(hashes) or state.pool.key_of[block] != P.make_key(hashes[i], g):
+                    return False
+    return True
+
+
+def blocks_cover_computed_tokens(
+    state: ManagerState, requests: Mapping[str, RequestView]
+) -> bool:
+    """Per group, a request's list holds a slot for every token it has computed, and never
+    more blocks than max_model_len (plus Mamba's speculative blocks) needs."""
+    config = state.config
+    for group, table in zip(config.groups, state.tables, strict=True):
+        if group.kind is Kind.CROSS:
+            continue
+        limit = rules.blocks_needed(_slot_tokens(group, config.max_model_len, 0),
+                                    group.block_size)
+        for rid, blocks in table:
+            request = requests.get(rid)
+            if request is None:
+                continue
+            needed = rules.blocks_needed(request.num_computed_tokens, group.block_size)
+            if not needed <= len(blocks) <= limit:
+                return False
+    return True
+
+
+def released(state: ManagerState, request_id: str) -> bool:
+    """Nothing of the request is left: no list and no keyed-count entry in any group."""
+    return all(_table_get(t, request_id) is None for t in state.tables) and all(
+        _lookup(c, request_id) is None for c in state.num_cached
+    )
+
+
+def hit_is_valid(
+    state: ManagerState, request: RequestView, hit: GroupBlocks, num_hit_tokens: int
+) -> bool:
+    """A lookup result: below num_tokens, the same length in every group, and each real
+    block keyed with the request's hash at its position."""
+    config = state.config
+    if num_hit_tokens != 0 and num_hit_tokens >= request.num_tokens:
+        return False
+    for g, (group, blocks) in enumerate(zip(config.groups, hit, strict=True)):
+        if blocks and len(blocks) * group.block_size != num_hit_tokens:
+            return False
+        hashes = coarse_hashes(request.block_hashes, config.hash_block_size, group.block_size)
+        for i, block in enumerate(blocks):
+            if block != NULL_BLOCK and state.pool.key_of[block] != P.make_key(hashes[i], g):
+                return False
+    return True
+
+
+INVARIANTS = (
+    ref_counts_are_references,
+    no_block_twice_in_a_list,
+    blocks_keyed_in_their_group,
+    cached_prefix_is_keyed,
+    null_blocks_only_where_skipped,
+    no_caching_no_keys,
+)
+
+
+def violated(state: ManagerState, requests: Mapping[str, RequestView] | None = None) -> list[str]:
+    """Names of the manager (and pool) invariants the state breaks."""
+    from spec import pool_invariants
+
+    names = [inv.__name__ for inv in INVARIANTS if not inv(state)]
+    if requests is not None:
+        for check in (request_blocks_match_hashes, blocks_cover_computed_tokens):
+            if not check(state, requests):
+                names.append(check.__name__)
+    names.extend(f"pool.{name}" for name in pool_invariants.violated(state.pool))
+    return names
+

@@ -1,0 +1,306 @@
+"""Directed scenarios for the KV-cache manager: each pins one rule of seed 002 on impl/ and
+on the spec side by side (the machine finds such cases by search; these find them at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from impl.hashing import get_request_block_hasher, sha256
+from impl.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from impl.kv_cache_manager import KVCacheManager, Request
+from spec import manager as model
+from spec import pool as pool_model
+from spec.conformance.manager_machine import (
+    ImplManager as Target,
+)
+from spec.conformance.manager_machine import (
+    Layout,
+    group_spec_of,
+    view_of,
+)
+from spec.manager import ManagerConfig
+
+BS = 2
+
+
+def full(bs: int = BS) -> KVCacheSpec:
+    return FullAttentionSpec(bs, 1, 8, "float16")
+
+
+def sliding(window: int, bs: int = BS) -> KVCacheSpec:
+    return SlidingWindowSpec(bs, 1, 8, "float16", sliding_window=window)
+
+
+def mamba(bs: int = BS) -> KVCacheSpec:
+    return MambaSpec(bs, shapes=((2, 2),), dtypes=("float16",))
+
+
+def chunked(chunk: int, bs: int = BS) -> KVCacheSpec:
+    return ChunkedLocalAttentionSpec(bs, 1, 8, "float16", attention_chunk_size=chunk)
+
+
+class Both:
+    """impl/ (through the conformance target) and the spec, driven in lockstep."""
+
+    def __init__(self, specs: Sequence[KVCacheSpec], num_blocks: int, max_model_len: int = 64,
+                 caching: bool = True, eagle: bool = False) -> None:
+        def build(n: int) -> KVCacheConfig:
+            return KVCacheConfig(n, (), tuple(
+                KVCacheGroupSpec((f"layer.{i}",), s) for i, s in enumerate(specs)))
+
+        layout = Layout("example", build, hash_block_size=BS, max_model_len=max_model_len,
+                        use_eagle=eagle)
+        self.target = Target()
+        self.target.build(layout, num_blocks, caching, False)
+        self.spec = model.new_manager(ManagerConfig(
+            tuple(group_spec_of(s) for s in specs), num_blocks, max_model_len, BS, caching,
+            use_eagle=eagle))
+        self.check()
+
+    @property
+    def impl(self) -> Any:
+        return self.target.manager
+
+    def check(self) -> None:
+        assert self.target.view() == view_of(self.spec)
+        assert model.violated(self.spec) == []
+
+    def add(self, request_id: str, prompt: Sequence[int]) -> None:
+        self.target.add_request(request_id, prompt, None, None)
+
+    def lookup(self, request_id: str) -> tuple[Any, int]:
+        actual = self.target.get_computed_blocks(request_id)
+        expected = model.get_computed_blocks(self.spec, self.target.request_view(request_id))
+        assert actual == expected
+        return actual
+
+    def allocate(self, request_id: str, num_new: int, hit: tuple[Any, int] | None = None,
+                 lookahead: int = 0) -> Any:
+        view = self.target.request_view(request_id)
+        hits, num_hit = hit if hit is not None else (None, 0)
+        self.spec, expected = model.allocate_slots(self.spec, view, num_new, num_hit, hits,
+                                                   lookahead)
+        actual = self.target.allocate_slots(request_id, num_new, num_hit, hit is not None,
+                                            lookahead, False, 0)
+        assert actual == expected
+        if actual is not None:
+            self.target.set_num_computed_tokens(request_id, min(
+                view.num_computed_tokens + num_hit + num_new, view.num_tokens))
+        self.check()
+        return actual
+
+    def admit(self, request_id: str, prompt: Sequence[int], lookahead: int = 0) -> Any:
+        self.add(request_id, prompt)
+        hit = self.lookup(request_id)
+        return self.allocate(request_id, len(prompt) - hit[1], hit, lookahead)
+
+    def free(self, request_id: str) -> None:
+        self.spec = model.free(self.spec, request_id)
+        self.target.free(request_id)
+        self.check()
+
+    def evict(self, block_ids: set[int]) -> None:
+        self.impl.evict_blocks(block_ids)
+        self.spec = replace(self.spec, pool=pool_model.evict_blocks(self.spec.pool, block_ids))
+        self.check()
+
+    def block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        ids: tuple[list[int], ...] = self.impl.get_block_ids(request_id)
+        assert tuple(tuple(g) for g in ids) == model.get_blocks(self.spec, request_id)
+        return ids
+
+
+PROMPT = list(range(1, 13))  # 12 tokens: 6 blocks of 2
+
+
+def test_full_hit_is_capped_below_the_prompt_length() -> None:
+    both = Both([full()], num_blocks=16)
+    both.admit("a", PROMPT[:8])
+    both.free("a")
+    both.add("b", PROMPT[:8])
+    hits, num_hit = both.lookup("b")
+    assert num_hit == 6 and len(hits[0]) == 3  # the last token is always recomputed
+
+
+def test_refused_allocation_with_hits_changes_nothing() -> None:
+    both = Both([full()], num_blocks=6)  # 5 usable blocks
+    both.admit("a", PROMPT[:6])
+    both.free("a")  # 3 cached, evictable blocks
+    both.add("b", [*PROMPT[:6], 50, 51, 52, 53])
+    hit = both.lookup("b")
+    assert hit[1] == 6
+    before = both.target.view()
+    # 3 hits (taken off the free queue) + 3 new blocks > 5 free blocks.
+    assert both.allocate("b", 4, hit, lookahead=2) is None
+    assert both.target.view() == before
+
+
+def test_evictable_hits_count_against_capacity() -> None:
+    both = Both([full()], num_blocks=8)  # 7 usable blocks
+    both.admit("a", PROMPT[:8])
+    both.free("a")
+    both.add("b", PROMPT[:8])
+    hit = both.lookup("b")
+    assert hit[1] == 6  # 3 evictable hits
+    # 3 hits + 5 new blocks (2 prompt tokens and 8 lookahead slots) > 7 free: refused.
+    assert both.allocate("b", 2, hit, lookahead=8) is None
+    assert both.allocate("b", 2, both.lookup("b"), lookahead=6) is not None
+
+
+def test_sliding_window_frees_exactly_the_blocks_out_of_the_window() -> None:
+    both = Both([sliding(5)], num_blocks=16)
+    both.admit("a", PROMPT[:9])
+    both.target.append_tokens("a", [99])
+    both.allocate("a", 1)
+    # 9 computed tokens, window 5: tokens 0-4 are out, so blocks 0 and 1 (tokens 0-3) are null.
+    ids = both.block_ids("a")[0]
+    assert ids[:2] == [0, 0] and 0 not in ids[2:]
+
+
+def test_refused_allocation_keeps_out_of_window_blocks() -> None:
+    both = Both([sliding(3)], num_blocks=7)  # 6 usable blocks
+    both.admit("a", PROMPT[:10])  # 5 blocks
+    before = both.target.view()
+    # 10 computed tokens would free 4 blocks, but 20 more tokens need 10: refused, nothing freed.
+    assert both.allocate("a", 20) is None
+    assert both.target.view() == before
+
+
+def test_hybrid_lookup_repeats_until_every_type_agrees() -> None:
+    both = Both([full(), sliding(5), mamba()], num_blocks=40)
+    both.admit("a", PROMPT)
+    full_ids, window_ids, mamba_ids = both.block_ids("a")
+    both.free("a")
+    # Sliding window misses block 2; Mamba keeps states only up to block 3.
+    both.evict({window_ids[2], mamba_ids[4], mamba_ids[5]})
+    both.add("b", [*PROMPT, 77])
+    hits, num_hit = both.lookup("b")
+    # Pass 1: full 12, window 12, Mamba 8. Pass 2: window at 8 finds blocks 0-1 only -> 4.
+    assert num_hit == 4
+    assert hits == (tuple(full_ids[:2]), tuple(window_ids[:2]), (0, mamba_ids[1]))
+
+
+def test_sliding_window_hit_needs_contiguous_blocks() -> None:
+    both = Both([sliding(5)], num_blocks=16)
+    both.admit("a", PROMPT)
+    ids = both.block_ids("a")[0]
+    both.free("a")
+    both.evict({ids[4]})
+    both.add("b", [*PROMPT, 77])
+    hits, num_hit = both.lookup("b")
+    assert num_hit == 8 and hits == ((0, 0, ids[2], ids[3]),)
+
+
+@pytest.mark.parametrize("spec, expected_tokens", [(full(), 8), (sliding(5), 8)])
+def test_eagle_drops_the_last_hit_block(spec: KVCacheSpec, expected_tokens: int) -> None:
+    both = Both([spec], num_blocks=16, eagle=True)
+    both.admit("a", PROMPT[:10])
+    both.free("a")
+    both.add("b", [*PROMPT[:10], 77])
+    assert both.lookup("b")[1] == expected_tokens  # 10 without EAGLE
+
+
+def test_chunked_local_pads_earlier_chunks_with_null_blocks() -> None:
+    both = Both([chunked(4)], num_blocks=16)
+    both.admit("a", PROMPT[:10])
+    ids = both.block_ids("a")[0]
+    both.free("a")
+    both.evict({ids[0]})
+    both.add("b", [*PROMPT[:10], 77])
+    hits, num_hit = both.lookup("b")
+    assert num_hit == 10 and hits == ((0, 0, 0, 0, ids[4]),)
+
+
+def test_mamba_hit_is_the_last_cached_state() -> None:
+    both = Both([mamba()], num_blocks=16)
+    both.admit("a", PROMPT[:8])
+    ids = both.block_ids("a")[0]
+    both.free("a")
+    both.add("b", [*PROMPT[:8], 77])
+    hits, num_hit = both.lookup("b")
+    assert num_hit == 8 and hits == ((0, 0, 0, ids[3]),)
+
+
+def test_lookahead_slots_are_never_cached() -> None:
+    both = Both([full()], num_blocks=16)
+    both.add("a", PROMPT[:10])
+    both.allocate("a", 4, lookahead=4)
+    keyed = [b for b in both.impl.get_blocks("a").blocks[0] if b.block_hash is not None]
+    assert len(keyed) == 2
+
+
+def test_free_releases_the_chain_tail_first() -> None:
+    both = Both([full()], num_blocks=8)
+    both.admit("a", PROMPT[:6])
+    ids = both.block_ids("a")[0]
+    both.free("a")
+    free_order = [b.block_id for b in both.impl.block_pool.free_block_queue.get_all_free_blocks()]
+    assert free_order[-3:] == ids[::-1]
+
+
+def test_common_prefix_counts_blocks_every_running_request_holds() -> None:
+    both = Both([full()], num_blocks=24)
+    both.admit("a", PROMPT[:6])
+    both.admit("b", [*PROMPT[:4], 60, 61])
+    assert both.impl.get_num_common_prefix_blocks("a") == [2]
+    both.admit("c", [70, 71, 72])
+    assert both.impl.get_num_common_prefix_blocks("a") == [0]
+    assert list(model.get_num_common_prefix_blocks(both.spec, "a")) == [0]
+
+
+def test_slots_never_exceed_max_model_len() -> None:
+    both = Both([full()], num_blocks=16, max_model_len=10)
+    both.add("a", PROMPT[:9])
+    new = both.allocate("a", 9, lookahead=4)
+    assert len(new[0]) == 5
+
+
+def test_caching_off_never_hits_and_never_keys() -> None:
+    both = Both([full()], num_blocks=16, caching=False)
+    both.admit("a", PROMPT)
+    both.free("a")
+    both.add("b", PROMPT)
+    assert both.lookup("b") == (((),), 0)
+    assert all(b.block_hash is None for b in both.impl.block_pool.blocks)
+
+
+def test_preempted_request_leaves_nothing_behind() -> None:
+    both = Both([full(), sliding(3)], num_blocks=20)
+    both.admit("a", PROMPT[:8])
+    both.free("a")
+    assert model.released(both.spec, "a")
+    assert both.impl.get_block_ids("a") == ([], [])
+    assert all(b.ref_cnt == 0 for b in list(both.impl.block_pool.blocks)[1:])
+
+
+def make_request(request_id: str, prompt: list[int], **kwargs: Any) -> Request:
+    return Request(request_id, prompt, block_hasher=get_request_block_hasher(BS, sha256),
+                   **kwargs)
+
+
+@pytest.mark.parametrize("specs", [[full()], [full(), sliding(4)]])
+def test_kv_cache_blocks_round_trip(specs: list[KVCacheSpec]) -> None:
+    config = KVCacheConfig(16, (), tuple(
+        KVCacheGroupSpec((f"l{i}",), s) for i, s in enumerate(specs)))
+    manager = KVCacheManager(config, max_model_len=64, hash_block_size=BS)
+    request = make_request("a", PROMPT[:5])
+    hits, num_hit = manager.get_computed_blocks(request)
+    assert hits is manager.empty_kv_cache_blocks and num_hit == 0
+    new = manager.allocate_slots(request, 5)
+    assert new is not None
+    both = hits + new
+    assert both.get_block_ids() == manager.get_block_ids("a")
+    assert new.new_empty().get_block_ids(allow_none=True) is None
