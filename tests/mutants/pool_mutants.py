@@ -245,6 +245,15 @@ def take_events_keeps_queue() -> None:
     _patch(BlockPool, "take_events", take_events)
 
 
+def alloc_hands_out_tail_first() -> None:
+    """get_new_blocks() hands a request its blocks in reverse queue order."""
+    original = BlockPool.get_new_blocks
+
+    def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
+        return original(self, num_blocks)[::-1]
+    _patch(BlockPool, "get_new_blocks", get_new_blocks)
+
+
 def take_events_newest_first() -> None:
     """take_events() hands out the pending events newest first."""
     original = BlockPool.take_events
@@ -348,6 +357,8 @@ MUTANTS = [
            free_block_reports_negative_ref, MACHINE, "ref_counts_nonnegative"),
     Mutant("take_events_keeps_queue", "take_events does not clear the queue",
            take_events_keeps_queue, MACHINE, "events_replay_to_cached_keys"),
+    Mutant("alloc_hands_out_tail_first", "get_new_blocks returns its blocks in reverse order",
+           alloc_hands_out_tail_first, MACHINE, "get_new_blocks("),
     Mutant("take_events_newest_first", "take_events hands out events newest first",
            take_events_newest_first, MACHINE, "take_events: target"),
     Mutant("stored_event_wrong_parent", "BlockStored carries the wrong parent hash",
