@@ -144,10 +144,13 @@ class VllmApiPool:
         lora_id: int | None,
     ) -> None:
         tokens = [0] * (num_cached * block_size) + list(token_ids)
-        request = _Request(list(block_hashes), tokens,
-                           None if lora_id is None else _LoRA(lora_id))
+        request = self._request(list(block_hashes), tokens, lora_id)
         self.pool.cache_full_blocks(request, [self._block(i) for i in block_ids], num_cached,
                                     num_full, block_size, group_id)
+
+    def _request(self, block_hashes: list[bytes], tokens: list[int], lora_id: int | None) -> Any:
+        """The stand-in request cache_full_blocks reads (a release may read more fields)."""
+        return _Request(block_hashes, tokens, None if lora_id is None else _LoRA(lora_id))
 
     def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
         found = self.pool.get_cached_block(block_hash, list(group_ids))

@@ -119,16 +119,8 @@ class Vllm033Pool(VllmApiPool):
     def touch(self, block_ids: Sequence[int]) -> None:
         self.pool.touch([self._block(i) for i in block_ids])
 
-    def cache_full_blocks(
-        self, block_ids: Sequence[int], block_hashes: Sequence[bytes], num_cached: int,
-        num_full: int, group_id: int, token_ids: Sequence[int], block_size: int,
-        lora_id: int | None,
-    ) -> None:
-        tokens = [0] * (num_cached * block_size) + list(token_ids)
-        request = _Request033(list(block_hashes), tokens,
-                              None if lora_id is None else _LoRA033(lora_id))
-        self.pool.cache_full_blocks(request, [self._block(i) for i in block_ids], num_cached,
-                                    num_full, block_size, group_id)
+    def _request(self, block_hashes: list[bytes], tokens: list[int], lora_id: int | None) -> Any:
+        return _Request033(block_hashes, tokens, None if lora_id is None else _LoRA033(lora_id))
 
     def view(self) -> PoolView:
         view = super().view()
