@@ -2,9 +2,9 @@
 
 Where the state lives
 ---------------------
-* ref counts: ``_in_use`` is the set of blocks with ref >= 1; ``_extra_refs`` holds
-  ref - 1 for the (few) blocks shared by several requests. A request's blocks are
-  allocated and freed with one set update each instead of a loop over ref counts.
+* ref counts: ``_in_use`` is the set of blocks with ref >= 1 and ``_shared`` the subset
+  with ref >= 2, whose ``block._extra_refs`` holds ref - 1. A request's unshared blocks
+  are allocated and freed with one set update each instead of a loop over ref counts.
 * the free order: ``free_block_queue`` (see impl/kv_cache_utils.py).
 * keys: ``_key_of`` maps a keyed block to its key; ``cached_block_hash_to_block`` maps a
   key to its blocks. Both empty means nothing to evict, which is checked once per call.
@@ -17,7 +17,6 @@ Every input is checked before anything changes: a refused call leaves the pool a
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import attrgetter
@@ -224,7 +223,7 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self._groups = self.cached_block_hash_to_block._groups
         self._in_use: set[KVCacheBlock] = set()
-        self._extra_refs: Counter[KVCacheBlock] = Counter()
+        self._shared: set[KVCacheBlock] = set()  # ref >= 2; block._extra_refs = ref - 1
         self._key_of: dict[KVCacheBlock, tuple[bytes, int]] = {}  # block -> (hash, group)
         self.kv_event_queue: list[KVCacheEvent] = []
 
@@ -246,7 +245,7 @@ class BlockPool:
 
     def _ref_count(self, block: KVCacheBlock) -> int:
         if block in self._in_use:
-            return self._extra_refs[block] + 1 if block in self._extra_refs else 1
+            return block._extra_refs + 1
         return 0
 
     def _check_owned(self, blocks: list[KVCacheBlock]) -> None:
@@ -375,7 +374,11 @@ class BlockPool:
         pop_key, groups = self._key_of.pop, self._groups
         keys = [pop_key(block) for block in keyed]
         for (block_hash, group_id), block in zip(keys, keyed, strict=True):
-            _remove(groups[group_id], block_hash, block)
+            group = groups[group_id]
+            if group[block_hash] is block:  # the common case, inlined: the key's only block
+                del group[block_hash]
+            else:
+                _remove(group, block_hash, block)
         if self.enable_kv_cache_events:
             self.kv_event_queue.extend(
                 BlockRemoved(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
@@ -392,18 +395,19 @@ class BlockPool:
             else list(chain.from_iterable(blocks))  # type: ignore[arg-type]
         )
         in_use = self._in_use
-        if in_use.issuperset(flat):  # the null block is never in use: it takes the other path
-            self._extra_refs.update(flat)
-        else:
+        if in_use.issuperset(flat):
+            self._share(flat)
+        else:  # some are free (or the null block, which is never in use)
+            leaving = [b for b in flat if b not in in_use]
             null = self.null_block
-            if null in flat:
+            if null in leaving:
                 flat = [b for b in flat if b is not null]
-            if len(set(flat)) == len(flat):
-                leaving = [b for b in flat if b not in in_use]
+                leaving = [b for b in leaving if b is not null]
+            if len(set(leaving)) == len(leaving):
                 self._check_owned(leaving)
                 self.free_block_queue._remove_free(leaving)
                 if len(leaving) < len(flat):
-                    self._extra_refs.update([b for b in flat if b in in_use])
+                    self._share([b for b in flat if b in in_use])
                 in_use.update(leaving)
             else:
                 self._touch_one_by_one(flat)
@@ -411,22 +415,27 @@ class BlockPool:
             for block in flat:
                 self.metrics_collector.on_block_accessed(block)
 
+    def _share(self, blocks: list[KVCacheBlock]) -> None:
+        """One more reference to each listing of blocks already in use."""
+        self._shared.update(blocks)
+        for block in blocks:
+            block._extra_refs += 1
+
     def _touch_one_by_one(self, flat: list[KVCacheBlock]) -> None:
-        """touch() when a block is listed twice: the first hit takes it out of the queue."""
+        """touch() when a free block is listed twice: the first hit takes it out of the queue."""
         leaving = [b for b in dict.fromkeys(flat) if b not in self._in_use]
         self._check_owned(leaving)
         self.free_block_queue._remove_free(leaving)
         self._in_use.update(leaving)
-        self._extra_refs.update(flat)
-        self._extra_refs.subtract(leaving)
+        rest = list(flat)
         for block in leaving:
-            if not self._extra_refs[block]:
-                del self._extra_refs[block]
+            rest.remove(block)
+        self._share(rest)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Ref - 1 for each block; blocks reaching 0 go to the free queue's tail in order."""
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
-        in_use, extra = self._in_use, self._extra_refs
+        in_use, shared = self._in_use, self._shared
         if not in_use.issuperset(blocks):
             null = self.null_block
             if null in blocks:
@@ -435,29 +444,28 @@ class BlockPool:
                 self._check_owned(blocks)
                 stranger = next(b for b in blocks if b not in in_use)
                 raise BlockNotInUseError(f"block {stranger.block_id} is freed with ref count 0")
-        if extra and not extra.keys().isdisjoint(blocks):
-            if len(set(blocks)) != len(blocks):
-                self._free_one_by_one(blocks)
+        listed, still_shared = blocks, None
+        if shared and not shared.isdisjoint(blocks):
+            still_shared = [b for b in blocks if b in shared]
+            if len(set(still_shared)) != len(still_shared):
+                self._free_one_by_one(listed)
                 return
-            zeroed = [b for b in blocks if b not in extra]
-            if len(zeroed) < len(blocks):
-                for block in [b for b in blocks if b in extra]:
-                    if extra[block] == 1:
-                        del extra[block]
-                    else:
-                        extra[block] -= 1
-            blocks = zeroed
+            blocks = [b for b in blocks if b not in shared]
         before = len(in_use)
         in_use.difference_update(blocks)
         if before - len(in_use) != len(blocks):  # a block listed twice
             in_use.update(blocks)
-            self._free_one_by_one(blocks)
+            self._free_one_by_one(listed)
             return
+        if still_shared:
+            for block in still_shared:
+                block._extra_refs -= 1
+                if not block._extra_refs:
+                    shared.discard(block)
         self.free_block_queue.append_n(blocks)
 
     def _free_one_by_one(self, blocks: list[KVCacheBlock]) -> None:
         """free_blocks() when a block is listed twice: each listing drops one reference."""
-        extra = self._extra_refs
         remaining: dict[KVCacheBlock, int] = {}
         zeroed = []
         for block in blocks:
@@ -470,10 +478,9 @@ class BlockPool:
         for block, refs in remaining.items():
             if refs == 0:
                 self._in_use.discard(block)
+            block._extra_refs = max(refs - 1, 0)
             if refs <= 1:
-                extra.pop(block, None)
-            else:
-                extra[block] = refs - 1
+                self._shared.discard(block)
         self.free_block_queue.append_n(zeroed)
 
     def evict_blocks(self, block_ids: set[int]) -> None:

@@ -100,7 +100,7 @@ class KVCacheBlock:
     as vLLM's dataclass does.
     """
 
-    __slots__ = ("_block_hash", "_pool", "_ref_cnt", "block_id", "is_null")
+    __slots__ = ("_block_hash", "_extra_refs", "_pool", "_ref_cnt", "block_id", "is_null")
 
     def __init__(
         self,
@@ -114,6 +114,7 @@ class KVCacheBlock:
         self._block_hash = _block_hash
         self.is_null = is_null
         self._pool: BlockPool | None = None
+        self._extra_refs = 0  # a pool block's ref count minus 1, while it is shared
 
     @classmethod
     def _owned_by(cls, pool: BlockPool, block_id: int) -> KVCacheBlock:
@@ -121,6 +122,7 @@ class KVCacheBlock:
         block.block_id = block_id
         block.is_null = False
         block._pool = pool
+        block._extra_refs = 0
         return block
 
     @property

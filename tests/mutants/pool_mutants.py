@@ -6,7 +6,7 @@ expected killer of at least one mutant here (``killed_by``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from impl import block_pool as bp
@@ -32,7 +32,8 @@ def touch_keeps_free_block_queued() -> None:
         flat = [b for b in flat if b is not self.null_block]
         for block in flat:
             if block in self._in_use:
-                self._extra_refs[block] += 1
+                self._shared.add(block)
+                block._extra_refs += 1
             else:
                 self._in_use.add(block)
     _patch(BlockPool, "touch", touch)
@@ -232,9 +233,7 @@ def evict_requeues_free_block() -> None:
 def free_block_reports_negative_ref() -> None:
     """A free block reports ref_cnt -1 (a 'free' sentinel leaking out of the layout)."""
     def ref_count(self: BlockPool, block: KVCacheBlock) -> int:
-        if block in self._in_use:
-            return self._extra_refs[block] + 1 if block in self._extra_refs else 1
-        return -1
+        return block._extra_refs + 1 if block in self._in_use else -1
     _patch(BlockPool, "_ref_count", ref_count)
 
 
@@ -305,17 +304,9 @@ def stale_entry_handed_out() -> None:
 
 def shared_touch_counts_once() -> None:
     """touch() of blocks already in use does not add a reference (a shared block is freed early)."""
-    original = BlockPool.touch
-
-    def touch(self: BlockPool, blocks: Sequence[Any]) -> None:
-        saved = dict(self._extra_refs)
-        original(self, blocks)
-        for block in list(self._extra_refs):
-            if block not in saved:
-                del self._extra_refs[block]
-            else:
-                self._extra_refs[block] = saved[block]
-    _patch(BlockPool, "touch", touch)
+    def share(self: BlockPool, blocks: list[KVCacheBlock]) -> None:
+        pass
+    _patch(BlockPool, "_share", share)
 
 
 MUTANTS = [
