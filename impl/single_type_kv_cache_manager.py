@@ -22,7 +22,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, ClassVar, overload
+from typing import Any, ClassVar, cast, overload
 
 from impl.block_pool import BlockPool
 from impl.hashing import BlockHash, BlockHashListWithBlockSize
@@ -300,6 +300,21 @@ class SingleTypeKVCacheManager(ABC):
 
     # Whether get_num_skipped_tokens can be positive (blocks slide out of the window).
     skips_blocks: ClassVar[bool] = False
+    # The spec type this manager requires (None: any), and, for attention types that do
+    # not support context parallelism, their name for the error message.
+    served_spec: ClassVar[type[KVCacheSpec] | None] = None
+    no_context_parallel: ClassVar[str] = ""
+
+    @classmethod
+    def _check_serves(
+        cls, kv_cache_spec: KVCacheSpec, dcp_world_size: int, pcp_world_size: int
+    ) -> None:
+        """Refuse a spec of another type, or context parallelism where it is unsupported."""
+        if cls.served_spec is not None and not isinstance(kv_cache_spec, cls.served_spec):
+            raise InvalidKVCacheConfig(f"{cls.__name__} cannot serve {kv_cache_spec!r}")
+        if cls.no_context_parallel:
+            _require_no_context_parallel(cls.no_context_parallel, dcp_world_size,
+                                         pcp_world_size)
 
     def __init__(
         self,
@@ -309,6 +324,7 @@ class SingleTypeKVCacheManager(ABC):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> None:
+        self._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
         for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
             if type(size) is not int or size < 1:
                 raise InvalidKVCacheConfig(f"{name} must be a positive int, got {size!r}")
@@ -538,6 +554,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     hit is the last run of blocks covering a window, searched right to left."""
 
     skips_blocks = True
+    served_spec = SlidingWindowSpec
+    no_context_parallel = "sliding-window"
 
     def __init__(
         self,
@@ -547,12 +565,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> None:
-        if not isinstance(kv_cache_spec, SlidingWindowSpec):
-            raise InvalidKVCacheConfig(f"SlidingWindowManager cannot serve {kv_cache_spec!r}")
-        _require_no_context_parallel("sliding-window", dcp_world_size, pcp_world_size)
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
-        self.sliding_window = kv_cache_spec.sliding_window
+        self.sliding_window = cast(SlidingWindowSpec, kv_cache_spec).sliding_window
 
     @classmethod
     def find_longest_cache_hit(
@@ -567,14 +582,12 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        if not isinstance(kv_cache_spec, SlidingWindowSpec):
-            raise InvalidKVCacheConfig(f"SlidingWindowManager cannot serve {kv_cache_spec!r}")
-        _require_no_context_parallel("sliding-window", dcp_world_size, pcp_world_size)
+        cls._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
         block_size = kv_cache_spec.block_size
         hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
         first, end = sliding_window_hit(
             hits, _max_length_within(block_hashes, max_length, block_size), block_size,
-            kv_cache_spec.sliding_window, alignment_tokens, use_eagle,
+            cast(SlidingWindowSpec, kv_cache_spec).sliding_window, alignment_tokens, use_eagle,
         )
         return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
 
@@ -590,6 +603,8 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     blocks up to the current chunk, then the run of cached blocks."""
 
     skips_blocks = True
+    served_spec = ChunkedLocalAttentionSpec
+    no_context_parallel = "chunked local"
 
     def __init__(
         self,
@@ -599,14 +614,10 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> None:
-        if not isinstance(kv_cache_spec, ChunkedLocalAttentionSpec):
-            raise InvalidKVCacheConfig(
-                f"ChunkedLocalAttentionManager cannot serve {kv_cache_spec!r}"
-            )
-        _require_no_context_parallel("chunked local", dcp_world_size, pcp_world_size)
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
-        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+        self.attention_chunk_size = cast(ChunkedLocalAttentionSpec,
+                                         kv_cache_spec).attention_chunk_size
 
     @classmethod
     def find_longest_cache_hit(
@@ -621,11 +632,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        if not isinstance(kv_cache_spec, ChunkedLocalAttentionSpec):
-            raise InvalidKVCacheConfig(
-                f"ChunkedLocalAttentionManager cannot serve {kv_cache_spec!r}"
-            )
-        _require_no_context_parallel("chunked local", dcp_world_size, pcp_world_size)
+        cls._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
         if use_eagle:
             raise InvalidKVCacheConfig("chunked local attention does not support EAGLE")
         block_size = kv_cache_spec.block_size
@@ -637,7 +644,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
         first, end = chunked_local_hit(
             hits, _max_length_within(block_hashes, max_length, block_size), block_size,
-            kv_cache_spec.attention_chunk_size,
+            cast(ChunkedLocalAttentionSpec, kv_cache_spec).attention_chunk_size,
         )
         return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
 
@@ -653,6 +660,8 @@ class MambaManager(SingleTypeKVCacheManager):
     block, searched right to left, with null blocks before it."""
 
     skips_blocks = True
+    served_spec = MambaSpec
+    no_context_parallel = "Mamba"
 
     def __init__(
         self,
@@ -662,12 +671,9 @@ class MambaManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> None:
-        if not isinstance(kv_cache_spec, MambaSpec):
-            raise InvalidKVCacheConfig(f"MambaManager cannot serve {kv_cache_spec!r}")
-        _require_no_context_parallel("Mamba", dcp_world_size, pcp_world_size)
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
-        spec_blocks = kv_cache_spec.num_speculative_blocks
+        spec_blocks = cast(MambaSpec, kv_cache_spec).num_speculative_blocks
         self.num_speculative_tokens = kv_cache_spec.block_size * spec_blocks
 
     @classmethod
@@ -683,9 +689,7 @@ class MambaManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        if not isinstance(kv_cache_spec, MambaSpec):
-            raise InvalidKVCacheConfig(f"MambaManager cannot serve {kv_cache_spec!r}")
-        _require_no_context_parallel("Mamba", dcp_world_size, pcp_world_size)
+        cls._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
         block_size = kv_cache_spec.block_size
         hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
         end = mamba_hit_blocks(
