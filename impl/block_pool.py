@@ -6,8 +6,9 @@ Where the state lives
   with ref >= 2, whose ``block._extra_refs`` holds ref - 1. A request's unshared blocks
   are allocated and freed with one set update each instead of a loop over ref counts.
 * the free order: ``free_block_queue`` (see impl/kv_cache_utils.py).
-* keys: ``_key_of`` maps a keyed block to its key; ``cached_block_hash_to_block`` maps a
-  key to its blocks. Both empty means nothing to evict, which is checked once per call.
+* keys: ``_key_of`` maps a keyed block to its block hash and ``_group_of`` to its group id
+  when that is not 0 (a one-group pool builds no key tuples); ``cached_block_hash_to_block``
+  maps a key to its blocks. Both empty means nothing to evict, which is checked once per call.
 * block objects are made the first time a block is handed out (``blocks`` is lazy), so a
   pool of a million blocks costs a list of a million empty slots to build.
 
@@ -18,8 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain, repeat
-from operator import attrgetter
+from itertools import chain, islice, repeat, takewhile
+from operator import attrgetter, truth
 from typing import TYPE_CHECKING, overload
 
 from impl.hashing import (
@@ -78,9 +79,6 @@ def _suffix(group_id: int) -> bytes:
     return group_id.to_bytes(4, "big")
 
 
-Entry = KVCacheBlock | list[KVCacheBlock]
-
-
 def _split_key(key: bytes) -> tuple[bytes, int]:
     if type(key) is not bytes or len(key) < 4:
         raise InvalidBlockHashError(f"a block hash key must be bytes of length >= 4, got {key!r}")
@@ -91,43 +89,34 @@ class BlockHashToBlockMap:
     """Prefix-cache key -> the blocks cached under it, first inserted first.
 
     Keys are ``BlockHashWithGroupId`` (block hash + 4-byte group id) as in vLLM, but they are
-    stored split: one dict per KV-cache group, keyed by the bare block hash, so that a
-    lookup needs no key concatenation and reuses the hash the bytes object has cached.
-    One block is stored bare; a second one under the same key turns the entry into a list.
-    The same content may be cached in several blocks (no de-duplication: block tables are
-    append-only), and lookups return the first.
+    stored split, so that a lookup is one dict ``get`` on the bare hash (whose hash the bytes
+    object has cached) and a request's whole prefix is looked up with ``map`` at C speed:
+
+    * ``_groups[group_id][block_hash]``: the first block cached under the key;
+    * ``_later[(group_id, block_hash)]``: the blocks cached under it after the first, in
+      order. The same content may be cached in several blocks (two requests computed it at
+      once; block tables are append-only, so there is no de-duplication), which is rare:
+      ``_later`` is usually empty, and then every keyed block is its key's first.
     """
 
     def __init__(self) -> None:
-        self._groups: dict[int, dict[bytes, Entry]] = {}
-
-    def _group(self, group_id: int) -> dict[bytes, Entry]:
-        group = self._groups.get(group_id)
-        if group is None:
-            group = self._groups[group_id] = {}
-        return group
+        self._groups: dict[int, dict[bytes, KVCacheBlock]] = {}
+        self._later: dict[tuple[int, bytes], list[KVCacheBlock]] = {}
 
     def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
         block_hash, group_id = _split_key(key)
-        entry = self._groups.get(group_id, {}).get(block_hash)
-        if entry is None or type(entry) is KVCacheBlock:
-            return entry
-        return entry[0]  # type: ignore[index]
+        group = self._groups.get(group_id)
+        return None if group is None else group.get(block_hash)
 
     def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
         block_hash, group_id = _split_key(key)
-        _insert(self._group(group_id), block_hash, block)
+        self._insert(group_id, block_hash, block)
 
     def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
         block_hash, group_id = _split_key(key)
-        group = self._groups.get(group_id, {})
-        entry = group.get(block_hash)
-        if entry is None:
-            return None
-        blocks: list[KVCacheBlock] = entry if isinstance(entry, list) else [entry]
-        for block in blocks:
+        for block in self._blocks(group_id, block_hash):
             if block.block_id == block_id:
-                _remove(group, block_hash, block)
+                self._remove(group_id, block_hash, block)
                 return block
         return None
 
@@ -136,33 +125,43 @@ class BlockHashToBlockMap:
 
     def clear(self) -> None:
         self._groups.clear()
+        self._later.clear()
 
     def items(self) -> Iterator[tuple[bytes, list[KVCacheBlock]]]:
         """Each key (hash + group id) with its blocks, first inserted first (for audits)."""
         for group_id, group in self._groups.items():
             suffix = group_id.to_bytes(4, "big")
-            for block_hash, entry in group.items():
-                yield block_hash + suffix, list(entry) if isinstance(entry, list) else [entry]
+            for block_hash in group:
+                yield block_hash + suffix, self._blocks(group_id, block_hash)
 
+    def _blocks(self, group_id: int, block_hash: bytes) -> list[KVCacheBlock]:
+        first = self._groups.get(group_id, {}).get(block_hash)
+        if first is None:
+            return []
+        return [first, *self._later.get((group_id, block_hash), ())]
 
-def _insert(group: dict[bytes, Entry], block_hash: bytes, block: KVCacheBlock) -> None:
-    entry = group.get(block_hash)
-    if entry is None:
-        group[block_hash] = block
-    elif type(entry) is list:
-        entry.append(block)
-    else:
-        group[block_hash] = [entry, block]  # type: ignore[list-item]
+    def _insert(self, group_id: int, block_hash: bytes, block: KVCacheBlock) -> None:
+        group = self._groups.get(group_id)
+        if group is None:
+            self._groups[group_id] = {block_hash: block}
+        elif block_hash in group:
+            self._later.setdefault((group_id, block_hash), []).append(block)
+        else:
+            group[block_hash] = block
 
-
-def _remove(group: dict[bytes, Entry], block_hash: bytes, block: KVCacheBlock) -> None:
-    entry = group[block_hash]
-    if entry is block:
-        del group[block_hash]
-    else:
-        entry.remove(block)  # type: ignore[union-attr]
-        if not entry:
-            del group[block_hash]
+    def _remove(self, group_id: int, block_hash: bytes, block: KVCacheBlock) -> None:
+        """Drop one block cached under the key (it must be there)."""
+        group = self._groups[group_id]
+        later = self._later.get((group_id, block_hash)) if self._later else None
+        if group[block_hash] is block:
+            if later:
+                group[block_hash] = later.pop(0)
+            else:
+                del group[block_hash]
+        else:
+            later.remove(block)  # type: ignore[union-attr]
+        if later is not None and not later:
+            del self._later[(group_id, block_hash)]
 
 
 class _LazyBlocks(Sequence[KVCacheBlock]):
@@ -224,7 +223,8 @@ class BlockPool:
         self._groups = self.cached_block_hash_to_block._groups
         self._in_use: set[KVCacheBlock] = set()
         self._shared: set[KVCacheBlock] = set()  # ref >= 2; block._extra_refs = ref - 1
-        self._key_of: dict[KVCacheBlock, tuple[bytes, int]] = {}  # block -> (hash, group)
+        self._key_of: dict[KVCacheBlock, bytes] = {}  # keyed block -> its block hash
+        self._group_of: dict[KVCacheBlock, int] = {}  # keyed block -> its group, if not 0
         self.kv_event_queue: list[KVCacheEvent] = []
 
     # -- block objects -------------------------------------------------------------------
@@ -272,11 +272,38 @@ class BlockPool:
             if group is None:
                 _suffix(group_id)  # refuses a malformed group id
                 return None
-            entry = group.get(block_hash)
-            if entry is None:
+            block = group.get(block_hash)
+            if block is None:
                 return None
-            found.append(entry if type(entry) is KVCacheBlock else entry[0])  # type: ignore[index]
+            found.append(block)
         return found
+
+    def get_cached_prefix(
+        self,
+        block_hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
+        kv_cache_group_id: int,
+        max_blocks: int,
+    ) -> list[KVCacheBlock]:
+        """The leading run of ``block_hashes[:max_blocks]`` cached in one group, first block
+        under each key: ``get_cached_block`` until the first miss, in one call (kvspec's
+        bulk lookup; vLLM 0.13 has none)."""
+        group = self._groups.get(kv_cache_group_id)
+        if group is None:
+            _suffix(kv_cache_group_id)  # refuses a malformed group id
+            return []
+        if type(block_hashes) is not list:
+            block_hashes = list(islice(block_hashes, max(max_blocks, 0)))
+        try:
+            hit: list[KVCacheBlock] = list(
+                takewhile(truth, map(group.get, block_hashes[:max(max_blocks, 0)]))  # type: ignore[arg-type]
+            )
+        except TypeError:  # an unhashable "hash"
+            hit = []
+        if len(hit) < max_blocks and len(hit) < len(block_hashes):
+            miss = block_hashes[len(hit)]
+            if type(miss) is not bytes:
+                raise InvalidBlockHashError(f"block hash must be bytes, got {miss!r}")
+        return hit
 
     def cache_full_blocks(
         self,
@@ -299,9 +326,10 @@ class BlockPool:
                 f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}) of "
                 f"{len(blocks)} blocks with {len(hashes)} block hashes"
             )
-        _suffix(kv_cache_group_id)  # refuses a malformed group id
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
-        new_hashes = list(hashes[num_cached_blocks:num_full_blocks])
+        new_hashes = hashes[num_cached_blocks:num_full_blocks]
+        if type(new_hashes) is not list:
+            new_hashes = list(new_hashes)
         if not self._in_use.issuperset(new_blocks):  # free, foreign or null blocks
             null = self.null_block
             if null in new_blocks:
@@ -311,33 +339,48 @@ class BlockPool:
             self._check_owned(new_blocks)
         if not new_blocks:
             return
+        group = self._groups.get(kv_cache_group_id)
+        if group is None:
+            _suffix(kv_cache_group_id)  # refuses a malformed group id
         key_of = self._key_of
         if not key_of.keys().isdisjoint(new_blocks):
             keyed = next(b for b in new_blocks if b in key_of)
             raise BlockAlreadyCachedError(
                 f"block {keyed.block_id} already has a key {keyed.block_hash!r}"
             )
-        if len(set(new_blocks)) != len(new_blocks):
+        if list(map(type, new_hashes)).count(bytes) != len(new_hashes):
+            bad = next(h for h in new_hashes if type(h) is not bytes)
+            raise InvalidBlockHashError(f"block hash must be bytes, got {bad!r}")
+        num_keyed = len(key_of)
+        key_of.update(zip(new_blocks, new_hashes, strict=True))
+        if len(key_of) - num_keyed != len(new_blocks):  # a block listed twice: undo
+            for block in new_blocks:
+                key_of.pop(block, None)
             raise BlockAlreadyCachedError(
                 f"a block appears twice in {[b.block_id for b in new_blocks]}"
             )
-        if set(map(type, new_hashes)) != {bytes}:
-            bad = next(h for h in new_hashes if type(h) is not bytes)
-            raise InvalidBlockHashError(f"block hash must be bytes, got {bad!r}")
-        key_of.update(zip(new_blocks, zip(new_hashes, repeat(kv_cache_group_id)), strict=True))
-        group = self._groups.get(kv_cache_group_id)
+        if kv_cache_group_id:
+            self._group_of.update(zip(new_blocks, repeat(kv_cache_group_id)))
         if group is None:
             group = self._groups[kv_cache_group_id] = {}
-        if group.keys().isdisjoint(new_hashes) and len(set(new_hashes)) == len(new_hashes):
+        num_hashes = len(group)
+        if group.keys().isdisjoint(new_hashes):
             group.update(zip(new_hashes, new_blocks, strict=True))
+            inserted = len(group) - num_hashes == len(new_blocks)
+            if not inserted:  # a hash listed twice: the first of its blocks must stay first
+                for block_hash in new_hashes:
+                    group.pop(block_hash, None)
         else:
+            inserted = False
+        if not inserted:
+            insert = self.cached_block_hash_to_block._insert
             for block_hash, block in zip(new_hashes, new_blocks, strict=True):
-                _insert(group, block_hash, block)
+                insert(kv_cache_group_id, block_hash, block)
         if self.enable_kv_cache_events:
             lora = getattr(request, "lora_request", None)
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
             self.kv_event_queue.append(BlockStored(
-                block_hashes=[maybe_convert_block_hash(h) for h in new_hashes],
+                block_hashes=[maybe_convert_block_hash(BlockHash(key_of[b])) for b in new_blocks],
                 parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
                 token_ids=list(request.all_token_ids[
                     num_cached_blocks * block_size : num_full_blocks * block_size]),
@@ -359,7 +402,7 @@ class BlockPool:
         blocks = self.free_block_queue.popleft_n(num_blocks)
         key_of = self._key_of
         if key_of and not key_of.keys().isdisjoint(blocks):
-            self._evict_all([b for b in blocks if b in key_of])
+            self._evict_all(list(filter(key_of.__contains__, blocks)))
         collector = self.metrics_collector
         if collector is not None:
             for block in blocks:
@@ -371,19 +414,20 @@ class BlockPool:
 
     def _evict_all(self, keyed: list[KVCacheBlock]) -> None:
         """Drop the keys of keyed blocks (each has one) from the blocks and from the map."""
-        pop_key, groups = self._key_of.pop, self._groups
-        keys = [pop_key(block) for block in keyed]
-        for (block_hash, group_id), block in zip(keys, keyed, strict=True):
-            group = groups[group_id]
-            if group[block_hash] is block:  # the common case, inlined: the key's only block
+        hashes = list(map(self._key_of.pop, keyed))
+        cache_map, group_of = self.cached_block_hash_to_block, self._group_of
+        if group_of or cache_map._later:
+            for block_hash, block in zip(hashes, keyed, strict=True):
+                cache_map._remove(group_of.pop(block, 0), block_hash, block)
+        else:  # group 0 only, and every key's one block is the one evicted
+            group = self._groups[0]
+            for block_hash in hashes:
                 del group[block_hash]
-            else:
-                _remove(group, block_hash, block)
         if self.enable_kv_cache_events:
             self.kv_event_queue.extend(
                 BlockRemoved(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
                              medium=MEDIUM_GPU)
-                for block_hash, _ in keys)
+                for block_hash in hashes)
 
     def touch(self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock]) -> None:
         """A prefix-cache hit: free blocks leave the free queue, every ref count + 1.
@@ -511,6 +555,7 @@ class BlockPool:
             return False
         self.cached_block_hash_to_block.clear()
         self._key_of.clear()
+        self._group_of.clear()
         if self.metrics_collector is not None:
             self.metrics_collector.reset()
         if self.enable_kv_cache_events:

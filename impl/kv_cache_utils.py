@@ -144,8 +144,11 @@ class KVCacheBlock:
         pool = self._pool
         if pool is None:
             return self._block_hash
-        key = pool._key_of.get(self)
-        return None if key is None else BlockHashWithGroupId(key[0] + key[1].to_bytes(4, "big"))
+        block_hash = pool._key_of.get(self)
+        if block_hash is None:
+            return None
+        group_id = pool._group_of.get(self, 0)
+        return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
 
     @block_hash.setter
     def block_hash(self, block_hash: BlockHashWithGroupId) -> None:

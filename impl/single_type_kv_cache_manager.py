@@ -271,23 +271,6 @@ class _HitPattern(Sequence[bool]):
         )
 
 
-def _cached_prefix(
-    block_pool: BlockPool, block_hashes: BlockHashList, group_id: int, max_blocks: int
-) -> list[KVCacheBlock]:
-    """The leading run of ``block_hashes[:max_blocks]`` cached in one group: the pool's
-    ``get_cached_block`` for one group, without building a list per block."""
-    get_one_block = block_pool.cached_block_hash_to_block.get_one_block
-    suffix = group_id.to_bytes(4, "big")
-    hit: list[KVCacheBlock] = []
-    append = hit.append
-    for block_hash in block_hashes[:max_blocks]:
-        block = get_one_block(block_hash + suffix)  # type: ignore[arg-type]
-        if block is None:
-            break
-        append(block)
-    return hit
-
-
 def _max_length_within(block_hashes: BlockHashList, max_length: int, block_size: int) -> int:
     return min(max_length, len(block_hashes) * block_size)
 
@@ -489,23 +472,13 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     ) -> tuple[list[KVCacheBlock], ...]:
         block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
         max_blocks = min(max_length // block_size, len(block_hashes))
-        if len(kv_cache_group_ids) == 1:
-            hit = _cached_prefix(block_pool, block_hashes, kv_cache_group_ids[0], max_blocks)
-            num_blocks = _trim_full_hit(len(hit), block_size, alignment_tokens, use_eagle)
-            if num_blocks < len(hit):
-                del hit[num_blocks:]
-            return (hit,)
-        get_cached_block = block_pool.get_cached_block
-        rows: list[list[KVCacheBlock]] = []
-        for i in range(max_blocks):
-            found = get_cached_block(block_hashes[i], kv_cache_group_ids)
-            if found is None:
-                break
-            rows.append(found)
-        num_blocks = _trim_full_hit(len(rows), block_size, alignment_tokens, use_eagle)
-        return tuple(
-            [row[g] for row in rows[:num_blocks]] for g in range(len(kv_cache_group_ids))
-        )
+        hits = [block_pool.get_cached_prefix(block_hashes, group_id, max_blocks)
+                for group_id in kv_cache_group_ids]
+        num_blocks = _trim_full_hit(min(map(len, hits)), block_size, alignment_tokens,
+                                    use_eagle)
+        for hit in hits:
+            del hit[num_blocks:]
+        return tuple(hits)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
         blocks = self.req_to_blocks.get(running_request_id)

@@ -176,6 +176,8 @@ class PoolMachine(RuleBasedStateMachine):
             hits.append(expected[groups.index(group)])
             if len(groups) > 1:
                 event("hit across two groups")
+        if len(groups) == 1:
+            self._check_prefix_lookup(family, group, hits, data.draw(st.integers(0, 5)))
         if hits:
             was_free = [b for b in hits if self.spec.ref[b] == 0]
             if was_free:
@@ -206,6 +208,16 @@ class PoolMachine(RuleBasedStateMachine):
         self.holdings.append(holding)
         if data.draw(st.booleans()):
             self._cache(holding, len(holding.blocks))
+
+    def _check_prefix_lookup(self, family: int, group: int, hits: list[int],
+                             max_blocks: int) -> None:
+        """The bulk lookup (where the target has one) is get_cached_block to the first miss."""
+        hashes = [chain_hash(family, index) for index in range(4)]
+        actual = self.target.get_cached_prefix(hashes, group, max_blocks)
+        if actual is not None:
+            assert actual == hits[:max_blocks], (
+                f"get_cached_prefix({family}, group {group}, max {max_blocks}): target "
+                f"{actual}, spec {hits[:max_blocks]}")
 
     def _release(self, blocks: list[int]) -> None:
         order = list(reversed(blocks))

@@ -48,6 +48,9 @@ class PoolTarget(Protocol):
         lora_id: int | None,
     ) -> None: ...
     def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None: ...
+    def get_cached_prefix(
+        self, block_hashes: Sequence[bytes], group_id: int, max_blocks: int
+    ) -> list[int] | None: ...
     def evict_blocks(self, block_ids: set[int]) -> None: ...
     def reset_prefix_cache(self) -> bool: ...
     def get_num_free_blocks(self) -> int: ...
@@ -155,6 +158,15 @@ class VllmApiPool:
     def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
         found = self.pool.get_cached_block(block_hash, list(group_ids))
         return None if found is None else [b.block_id for b in found]
+
+    def get_cached_prefix(
+        self, block_hashes: Sequence[bytes], group_id: int, max_blocks: int
+    ) -> list[int] | None:
+        """kvspec's bulk lookup; None for a pool without one (vLLM)."""
+        lookup = getattr(self.pool, "get_cached_prefix", None)
+        if lookup is None:
+            return None
+        return [b.block_id for b in lookup(list(block_hashes), group_id, max_blocks)]
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         self.pool.evict_blocks(block_ids)

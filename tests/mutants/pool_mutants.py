@@ -91,7 +91,9 @@ def null_block_gets_keyed() -> None:
         if self.enable_caching and null in window and null not in self._key_of:
             index = num_cached + window.index(null)
             block_hash = request.block_hashes[index]
-            self._key_of[null] = (block_hash, gid)
+            self._key_of[null] = block_hash
+            if gid:
+                self._group_of[null] = gid
             self.cached_block_hash_to_block.insert(
                 BlockHashWithGroupId(block_hash + gid.to_bytes(4, "big")), null)
     _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
@@ -138,8 +140,8 @@ def no_event_on_eviction() -> None:
     """Evicting a cached block emits no BlockRemoved event."""
     def evict_all(self: BlockPool, keyed: list[KVCacheBlock]) -> None:
         for block in keyed:
-            block_hash, group_id = self._key_of.pop(block)
-            bp._remove(self._groups[group_id], block_hash, block)
+            block_hash, group_id = self._key_of.pop(block), self._group_of.pop(block, 0)
+            self.cached_block_hash_to_block._remove(group_id, block_hash, block)
     _patch(BlockPool, "_evict_all", evict_all)
 
 
@@ -151,10 +153,10 @@ def lookup_returns_last_inserted() -> None:
             raise bp.InvalidBlockHashError(f"bad hash {block_hash!r}")
         found = []
         for gid in group_ids:
-            entry = self._groups.get(gid, {}).get(block_hash)
-            if entry is None:
+            blocks = self.cached_block_hash_to_block._blocks(gid, block_hash)
+            if not blocks:
                 return None
-            found.append(entry[-1] if isinstance(entry, list) else entry)
+            found.append(blocks[-1])
         return found
     _patch(BlockPool, "get_cached_block", get_cached_block)
 
@@ -309,6 +311,16 @@ def shared_touch_counts_once() -> None:
     _patch(BlockPool, "_share", share)
 
 
+def prefix_lookup_skips_a_miss() -> None:
+    """get_cached_prefix() returns every cached block of the prefix, not only the leading run."""
+    def get_cached_prefix(self: BlockPool, block_hashes: list[bytes], group_id: int,
+                          max_blocks: int) -> list[KVCacheBlock]:
+        group = self._groups.get(group_id, {})
+        found = [group.get(h) for h in block_hashes[:max_blocks]]
+        return [b for b in found if b is not None]
+    _patch(BlockPool, "get_cached_prefix", get_cached_prefix)
+
+
 MUTANTS = [
     Mutant("touch_keeps_free_block_queued", "touch leaves a hit free block in the free queue",
            touch_keeps_free_block_queued, MACHINE, "free_iff_unreferenced"),
@@ -332,6 +344,8 @@ MUTANTS = [
            no_event_on_eviction, MACHINE, "events_replay_to_cached_keys"),
     Mutant("lookup_returns_last_inserted", "a lookup returns the last block cached under a key",
            lookup_returns_last_inserted, MACHINE, "get_cached_block("),
+    Mutant("prefix_lookup_skips_a_miss", "the bulk prefix lookup goes on past a miss",
+           prefix_lookup_skips_a_miss, MACHINE, "get_cached_prefix("),
     Mutant("lookup_not_all_or_nothing", "a lookup hits when only some groups hit",
            lookup_not_all_or_nothing, MACHINE, "get_cached_block("),
     Mutant("free_is_not_atomic", "a refused free has already released some blocks",
