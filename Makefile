@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvspec-installed
+COMPILED := build/.kvspec-compiled
 VLLM ?= 0.13.0
 VLLM_PYTHON ?=
 CROSSHAIR_TIMEOUT ?= 4
@@ -12,9 +13,9 @@ CROSSHAIR_TIMEOUT ?= 4
 CROSSHAIR_TARGETS ?= spec/pool.py spec/pool_programs.py spec/hashing.py spec/slot_mapping.py \
 	spec/attention_rules.py spec/manager.py
 
-.PHONY: setup audit audit-vllm test check mutants bench vllm-env clean
+.PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(COMPILED)
 
 # torch first (the CPU build on disk), so nothing later pulls a CUDA build;
 # a machine that already has a torch in the venv keeps it.
@@ -24,14 +25,28 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# impl/'s hot modules compiled with mypyc (about two minutes); KVSPEC_PURE_PYTHON=1 skips it.
+$(COMPILED): $(STAMP) $(wildcard impl/*.py) scripts/compile.py
+	@if [ "$${KVSPEC_PURE_PYTHON:-0}" = 0 ]; then $(PY) scripts/compile.py; \
+	else $(PY) scripts/compile.py --clean; fi
+	@mkdir -p build && touch $@
+
+compile: $(STAMP)
+	$(PY) scripts/compile.py
+	@mkdir -p build && touch $(COMPILED)
+
 audit: setup
 	$(VENV)/bin/kvspec audit --target impl --profile vllm-0.13
 
 test: setup
 	$(PY) -m pytest
 
+# The conformance machines on the Python sources (make test runs the compiled build).
+test-pure: setup
+	KVSPEC_PURE_PYTHON=1 $(PY) -m pytest tests/test_pool_machine.py tests/test_manager_machine.py
+
 check: setup
-	$(PY) -m mypy --strict spec impl models tests benchmarks
+	$(PY) -m mypy --strict spec impl models tests benchmarks scripts
 	$(PY) -m ruff check .
 	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) \
 		--max_uninteresting_iterations=64 $(CROSSHAIR_TARGETS)
@@ -50,3 +65,4 @@ audit-vllm: vllm-env
 
 clean:
 	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache .ruff_cache
+	rm -f impl/*.so kvspec_impl__mypyc*.so

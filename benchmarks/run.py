@@ -5,6 +5,8 @@
 vLLM is timed in the same process as impl/ when it is importable; ``--vllm-python`` re-runs
 this module under that interpreter (for example ``.venv-vllm-0.13.0/bin/python``, built by
 ``make vllm-env``), which has the repository on its path. Without vLLM, impl/ alone is timed.
+impl/ is timed as this process imports it: compiled when ``make compile`` has built it,
+pure Python with ``KVSPEC_PURE_PYTHON=1``; the first line says which.
 """
 
 from __future__ import annotations
@@ -154,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         import vllm
 
         version = getattr(vllm, "__version__", "?")
-    print(f"python {sys.version.split()[0]}; vLLM side by side: {version or 'not importable'}")
+    import impl
+
+    build = "compiled with mypyc" if impl.COMPILED else "pure Python"
+    print(f"python {sys.version.split()[0]}; impl/ {build}; "
+          f"vLLM side by side: {version or 'not importable'}")
     rows: list[dict[str, Any]] = []
     for name in args.only.split(","):
         section = SECTIONS[name.strip()](args.quick)
@@ -164,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         rows.extend(section)
     if args.json:
-        Path(args.json).write_text(json.dumps({"vllm": version, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"vllm": version, "impl": build, "rows": rows},
+                                              indent=2))
     return 0
 
 

@@ -23,6 +23,17 @@ from itertools import chain, islice, repeat, takewhile
 from operator import attrgetter, truth
 from typing import TYPE_CHECKING, overload
 
+from mypy_extensions import mypyc_attr
+
+from impl.errors import (
+    BlockAlreadyCachedError as BlockAlreadyCachedError,
+    BlockNotInPoolError as BlockNotInPoolError,
+    BlockNotInUseError as BlockNotInUseError,
+    BlockPoolError as BlockPoolError,
+    InvalidBlockCountError as InvalidBlockCountError,
+    InvalidBlockHashError as InvalidBlockHashError,
+    NotEnoughFreeBlocksError as NotEnoughFreeBlocksError,
+)
 from impl.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
@@ -41,34 +52,6 @@ logger = logging.getLogger(__name__)
 _GROUP_ID_SUFFIXES = tuple(gid.to_bytes(4, "big") for gid in range(256))
 _GROUP_0 = _GROUP_ID_SUFFIXES[0]
 _pool_of = attrgetter("_pool")
-
-
-class BlockPoolError(Exception):
-    """A call the pool refused; the pool is unchanged."""
-
-
-class InvalidBlockCountError(BlockPoolError, ValueError):
-    """A negative or non-integer number of blocks."""
-
-
-class NotEnoughFreeBlocksError(BlockPoolError, ValueError):
-    """More blocks were asked for than are free."""
-
-
-class BlockNotInPoolError(BlockPoolError, LookupError):
-    """A block id outside the pool, or a block object from another pool."""
-
-
-class BlockNotInUseError(BlockPoolError, ValueError):
-    """A block freed more times than it was referenced."""
-
-
-class BlockAlreadyCachedError(BlockPoolError, ValueError):
-    """A block that already has a key was asked to take another."""
-
-
-class InvalidBlockHashError(BlockPoolError, ValueError):
-    """A block hash that is not bytes, or too few hashes for the blocks to cache."""
 
 
 def _suffix(group_id: int) -> bytes:
@@ -193,12 +176,13 @@ class _LazyBlocks(Sequence[KVCacheBlock]):
         return (self._pool._block(i) for i in range(self._pool.num_gpu_blocks))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # forks and tests subclass it
 class BlockPool:
     """The pool of KV-cache blocks: allocation, freeing, prefix-cache lookup and eviction."""
 
     def __init__(
         self,
-        num_gpu_blocks: int,
+        num_gpu_blocks: int | object,
         enable_caching: bool,
         hash_block_size: int,
         enable_kv_cache_events: bool = False,
@@ -260,7 +244,7 @@ class BlockPool:
     # -- prefix-cache lookup -------------------------------------------------------------
 
     def get_cached_block(
-        self, block_hash: BlockHash, kv_cache_group_ids: list[int]
+        self, block_hash: BlockHash | object, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
         """The first block cached under block_hash in each group, or None if any group misses."""
         if type(block_hash) is not bytes:
@@ -391,7 +375,7 @@ class BlockPool:
 
     # -- allocation ----------------------------------------------------------------------
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: int | object) -> list[KVCacheBlock]:
         """Take num_blocks from the head of the free queue, evicting their keys; ref 0 -> 1."""
         if type(num_blocks) is not int or num_blocks < 0:
             raise InvalidBlockCountError(
@@ -527,7 +511,7 @@ class BlockPool:
                 self._shared.discard(block)
         self.free_block_queue.append_n(zeroed)
 
-    def evict_blocks(self, block_ids: set[int]) -> None:
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the keys of the given blocks, in the order the set iterates (as vLLM does);
         ref counts and the free queue stay. Every id is checked before any key goes."""
         ids = list(dict.fromkeys(block_ids))

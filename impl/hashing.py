@@ -15,6 +15,7 @@ import hashlib
 import importlib
 import os
 import pickle
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NewType, Protocol, cast, overload
 
@@ -231,6 +232,9 @@ def init_none_hash(hash_fn: HashFunction) -> None:
     global NONE_HASH
     seed = os.environ.get("PYTHONHASHSEED")
     NONE_HASH = BlockHash(os.urandom(32) if seed is None else hash_fn(seed))
+    kv_cache_utils = sys.modules.get("impl.kv_cache_utils")
+    if kv_cache_utils is not None:  # its re-export (vLLM keeps NONE_HASH there)
+        vars(kv_cache_utils)["NONE_HASH"] = NONE_HASH
 
 
 init_none_hash(sha256)

@@ -18,6 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 
+from mypy_extensions import mypyc_attr
+
+from impl.errors import (
+    InvalidAllocationError as InvalidAllocationError,
+    UnknownRequestError as UnknownRequestError,
+)
 from impl.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
 from impl.kv_cache_interface import KVCacheConfig
 from impl.kv_cache_metrics import KVCacheMetricsCollector
@@ -43,15 +49,6 @@ __all__ = [
     "UnknownRequestError",
     "UnsupportedKVCacheSpec",
 ]
-
-
-class InvalidAllocationError(KVCacheManagerError, ValueError):
-    """``allocate_slots`` arguments no allocation can have (zero new tokens, hits for a
-    request that already holds blocks, ...)."""
-
-
-class UnknownRequestError(KVCacheManagerError, LookupError):
-    """A request id the manager holds no blocks for (only with ``strict_free=True``)."""
 
 
 @dataclass
@@ -106,11 +103,13 @@ class KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in self.blocks))
 
 
-def _require_count(name: str, value: object) -> None:
+def _count(name: str, value: object) -> int:
     if type(value) is not int or value < 0:
         raise InvalidAllocationError(f"{name} must be an int >= 0, got {value!r}")
+    return value
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KVCacheManager:
     """Allocates, looks up and frees the KV-cache blocks of requests."""
 
@@ -197,12 +196,12 @@ class KVCacheManager:
     def allocate_slots(
         self,
         request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
+        num_new_tokens: int | object,
+        num_new_computed_tokens: int | object = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
+        num_lookahead_tokens: int | object = 0,
         delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
+        num_encoder_tokens: int | object = 0,
     ) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead slots),
         after attaching the cache hits ``new_computed_blocks``; return the new blocks, or None
@@ -218,9 +217,9 @@ class KVCacheManager:
             raise InvalidAllocationError(
                 f"num_new_tokens must be greater than 0, got {num_new_tokens!r}"
             )
-        _require_count("num_new_computed_tokens", num_new_computed_tokens)
-        _require_count("num_lookahead_tokens", num_lookahead_tokens)
-        _require_count("num_encoder_tokens", num_encoder_tokens)
+        num_new_computed_tokens = _count("num_new_computed_tokens", num_new_computed_tokens)
+        num_lookahead_tokens = _count("num_lookahead_tokens", num_lookahead_tokens)
+        num_encoder_tokens = _count("num_encoder_tokens", num_encoder_tokens)
         coordinator = self.coordinator
         request_id = request.request_id
         empty = self.empty_kv_cache_blocks.blocks

@@ -24,8 +24,14 @@ The order is exactly the linked list's: head first, appends at the tail, removal
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from impl import hashing as _hashing
+from impl.errors import (
+    BlockNotFreeError as BlockNotFreeError,
+    BlockOwnershipError as BlockOwnershipError,
+    NoFreeBlocksError as NoFreeBlocksError,
+)
 from impl.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
@@ -49,6 +55,7 @@ if TYPE_CHECKING:
 BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
 
 __all__ = [
+    "NONE_HASH",
     "BlockHash",
     "BlockHashList",
     "BlockHashListWithBlockSize",
@@ -71,25 +78,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # NONE_HASH is rebound by init_none_hash: read it from impl.hashing at access time.
-    if name == "NONE_HASH":
-        import impl.hashing
-
-        return impl.hashing.NONE_HASH
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class NoFreeBlocksError(ValueError):
-    """More blocks were asked of the free queue than it holds."""
-
-
-class BlockNotFreeError(LookupError):
-    """A block that is not in the free queue was asked to leave it."""
-
-
-class BlockOwnershipError(AttributeError):
-    """A pool block's ref count or hash was written directly instead of through its pool."""
+# Rebound by init_none_hash (impl/hashing.py), which keeps this copy current.
+NONE_HASH: BlockHash = _hashing.NONE_HASH
 
 
 class KVCacheBlock:
@@ -118,11 +108,8 @@ class KVCacheBlock:
 
     @classmethod
     def _owned_by(cls, pool: BlockPool, block_id: int) -> KVCacheBlock:
-        block = cls.__new__(cls)
-        block.block_id = block_id
-        block.is_null = False
+        block = cls(block_id)
         block._pool = pool
-        block._extra_refs = 0
         return block
 
     @property

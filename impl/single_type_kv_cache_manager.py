@@ -25,6 +25,12 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, cast, overload
 
 from impl.block_pool import BlockPool
+from impl.errors import (
+    InvalidKVCacheConfig as InvalidKVCacheConfig,
+    KVCacheManagerError as KVCacheManagerError,
+    PrefixCachingNotSupported as PrefixCachingNotSupported,
+    UnsupportedKVCacheSpec as UnsupportedKVCacheSpec,
+)
 from impl.hashing import BlockHash, BlockHashListWithBlockSize
 from impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -71,26 +77,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- errors
-
-
-class KVCacheManagerError(Exception):
-    """A call the KV-cache manager stack refused; nothing changed."""
-
-
-class InvalidKVCacheConfig(KVCacheManagerError, ValueError):
-    """A KV-cache config the managers cannot serve (block sizes that do not divide, an
-    attention type combination or option no coordinator supports)."""
-
-
-class UnsupportedKVCacheSpec(KVCacheManagerError, KeyError):
-    """A KV-cache spec type no manager handles (a ``KeyError`` as in vLLM)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class PrefixCachingNotSupported(KVCacheManagerError, ValueError):
-    """Prefix caching was asked of an attention type that never caches (cross-attention)."""
 
 
 # --------------------------------------------------------------------------- pure rules

@@ -32,8 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from spec import attention_rules as rules
-from spec import pool as P
+from spec import attention_rules as rules, pool as P
 from spec.pool import NULL_BLOCK, BlockId, PoolState
 
 __all__ = [

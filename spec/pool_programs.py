@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 
-from spec import pool as model
-from spec import pool_invariants  # noqa: F401  (named by the contract below)
+from spec import (
+    pool as model,
+    pool_invariants,  # noqa: F401  (named by the contract below)
+)
 from spec.pool import PoolError, PoolState, Profile
 
 _KEYS = (b"kvspec-key-0", b"kvspec-key-1")

@@ -14,6 +14,10 @@ load_profile()
 def pytest_configure(config: pytest.Config) -> None:
     name = os.environ.get("KVSPEC_MUTANT")
     if name:
+        import impl
         from tests.mutants import plant
 
+        if impl.COMPILED:
+            raise pytest.UsageError("mutants are planted in the Python sources: set "
+                                    "KVSPEC_PURE_PYTHON=1 (python -m tests.mutants does)")
         plant(name)

@@ -13,5 +13,5 @@ from impl.kv_cache_utils import KVCacheBlock
 class ReversedAllocationPool(BlockPool):
     """Hands out newly allocated blocks in reverse of the free order (LRU order broken)."""
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: int | object) -> list[KVCacheBlock]:
         return list(reversed(super().get_new_blocks(num_blocks)))

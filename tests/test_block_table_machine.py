@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from hypothesis import event
-from hypothesis import strategies as st
+from hypothesis import event, strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -25,8 +24,7 @@ from hypothesis.stateful import (
 )
 
 from impl.block_table import BlockTableError, MultiGroupBlockTable
-from spec import block_table_model as model
-from spec import slot_mapping as slots
+from spec import block_table_model as model, slot_mapping as slots
 
 NUM_ROWS = 3
 MAX_BLOCKS = 3

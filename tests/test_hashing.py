@@ -21,8 +21,7 @@ import cbor2
 import numpy as np
 import pytest
 import xxhash as xxhash_module
-from hypothesis import event, given
-from hypothesis import strategies as st
+from hypothesis import event, given, strategies as st
 
 import impl.hashing as hashing
 from impl.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request

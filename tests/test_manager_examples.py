@@ -21,12 +21,9 @@ from impl.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from impl.kv_cache_manager import KVCacheManager, Request
-from spec import manager as model
-from spec import pool as pool_model
+from spec import manager as model, pool as pool_model
 from spec.conformance.manager_machine import (
     ImplManager as Target,
-)
-from spec.conformance.manager_machine import (
     Layout,
     group_spec_of,
     view_of,

@@ -7,8 +7,7 @@ prompts overlap and whatever was evicted in between.
 
 from __future__ import annotations
 
-from hypothesis import event, given
-from hypothesis import strategies as st
+from hypothesis import event, given, strategies as st
 
 from impl.hashing import get_request_block_hasher, sha256
 from impl.kv_cache_interface import (

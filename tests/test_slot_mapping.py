@@ -25,11 +25,9 @@ if not torch.cuda.is_available():
 
 import numpy as np
 import pytest
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
+from hypothesis import event, given, settings, strategies as st
 
-from impl import block_table as impl_table
-from impl import slot_mapping_triton
+from impl import block_table as impl_table, slot_mapping_triton
 from impl.block_table import BlockTable
 from spec import slot_mapping as spec
 

@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import permutations
 
-from spec import pool as model
-from spec import pool_invariants
+from spec import pool as model, pool_invariants
 from spec.conformance.targets import PoolTarget, view_of
 from spec.pool import NULL_BLOCK, PoolState, Profile
 

@@ -24,8 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from hypothesis import event, note
-from hypothesis import strategies as st
+from hypothesis import event, note, strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -34,8 +33,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from spec import manager as model
-from spec import pool as pool_model
+from spec import manager as model, pool as pool_model
 from spec.manager import GroupSpec, Kind, ManagerConfig, ManagerState, RequestView
 
 # --- What the machine sees of a target ---------------------------------------------------------

@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hypothesis import event, note
-from hypothesis import strategies as st
+from hypothesis import event, note, strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -28,8 +27,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from spec import pool as model
-from spec import pool_invariants
+from spec import pool as model, pool_invariants
 from spec.conformance.targets import PoolTarget, PoolView, view_of
 from spec.pool import NULL_BLOCK, PoolError, PoolState, Profile
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from impl import block_pool as bp
-from impl import kv_cache_utils as kcu
+from impl import block_pool as bp, kv_cache_utils as kcu
 from impl.block_pool import BlockPool
 from impl.hashing import BlockHashWithGroupId, maybe_convert_block_hash
 from impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
