@@ -25,7 +25,7 @@ readonly CORE_MODULES=(
     vllm.distributed.kv_events
 )
 # What kvspec's conformance machine needs in the same interpreter.
-readonly KVSPEC_PACKAGES=(hypothesis pytest "numpy>=1.26" cbor2 xxhash)
+readonly KVSPEC_PACKAGES=(hypothesis pytest "numpy>=1.26" cbor2 xxhash mypy_extensions)
 
 die() {
     printf 'vllm_env.sh: error: %s\n' "$*" >&2
@@ -110,7 +110,7 @@ elapsed = time.perf_counter() - started
 
 import vllm  # noqa: E402  (already imported above; only read its version)
 
-import hypothesis, numpy, pytest  # noqa: E401,E402,F401
+import hypothesis, mypy_extensions, numpy, pytest  # noqa: E401,E402,F401
 import spec, impl  # noqa: E401,E402,F401  (the repo root is on the path via a .pth file)
 
 if vllm.__version__ != expected_version:

@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,14 @@ class Mutant:
     plant: Callable[[], None]
     checker: tuple[str, ...]
     killed_by: str = ""  # the check expected to catch it: its name appears in the failure
+
+
+def replace(owner: Any, name: str, replacement: Any) -> None:
+    """Plant ``owner.name = replacement``, refusing a name the owner lacks: a mutant that
+    patches nothing (its target renamed or inlined) would survive for the wrong reason."""
+    if not hasattr(owner, name):
+        raise AttributeError(f"{owner!r} has no {name!r} to replace: the mutant is out of date")
+    setattr(owner, name, replacement)
 
 
 def catalogue() -> list[Mutant]:

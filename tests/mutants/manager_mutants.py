@@ -15,14 +15,11 @@ from impl import (
     single_type_kv_cache_manager as stm,
 )
 from impl.kv_cache_utils import KVCacheBlock
-from tests.mutants import Mutant
+from tests.mutants import Mutant, replace
 
 MACHINE = "tests/test_manager_machine.py"
 EXAMPLES = "tests/test_manager_examples.py"
 
-
-def _patch(owner: Any, name: str, replacement: Any) -> None:
-    setattr(owner, name, replacement)
 
 
 def hit_without_cap() -> None:
@@ -33,7 +30,7 @@ def hit_without_cap() -> None:
         blocks, num_tokens = self.coordinator.find_longest_cache_hit(
             request.block_hashes, request.num_tokens)
         return self.create_kv_cache_blocks(blocks), num_tokens
-    _patch(kvm.KVCacheManager, "get_computed_blocks", get_computed_blocks)
+    replace(kvm.KVCacheManager, "get_computed_blocks", get_computed_blocks)
 
 
 def touch_before_capacity_check() -> None:
@@ -55,14 +52,14 @@ def touch_before_capacity_check() -> None:
         if result is not None and hits and self.enable_caching:
             self.block_pool.free_blocks(hits)  # the second touch, on success only
         return result
-    _patch(kvm.KVCacheManager, "allocate_slots", allocate_slots)
+    replace(kvm.KVCacheManager, "allocate_slots", allocate_slots)
 
 
 def sliding_window_skip_off_by_one() -> None:
     """The sliding window frees one token too many: the oldest token still in the window."""
     def get_num_skipped_tokens(self: stm.SlidingWindowManager, num_computed_tokens: int) -> int:
         return num_computed_tokens - self.sliding_window + 2
-    _patch(stm.SlidingWindowManager, "get_num_skipped_tokens", get_num_skipped_tokens)
+    replace(stm.SlidingWindowManager, "get_num_skipped_tokens", get_num_skipped_tokens)
 
 
 def hybrid_single_pass() -> None:
@@ -83,7 +80,7 @@ def hybrid_single_pass() -> None:
             for group_id, blocks in zip(group_ids, found, strict=True):
                 per_group[group_id] = list(blocks[: hit_length // spec.block_size])
         return tuple(per_group), hit_length
-    _patch(coord.HybridKVCacheCoordinator, "find_longest_cache_hit", find_longest_cache_hit)
+    replace(coord.HybridKVCacheCoordinator, "find_longest_cache_hit", find_longest_cache_hit)
 
 
 def lookahead_tokens_cached() -> None:
@@ -103,7 +100,7 @@ def lookahead_tokens_cached() -> None:
             self.coordinator.cache_blocks(request, min(
                 num_computed + num_new_tokens + num_lookahead_tokens, request.num_tokens))
         return result
-    _patch(kvm.KVCacheManager, "allocate_slots", allocate_slots)
+    replace(kvm.KVCacheManager, "allocate_slots", allocate_slots)
 
 
 def free_forward_order() -> None:
@@ -114,7 +111,7 @@ def free_forward_order() -> None:
         if blocks:
             self.block_pool.free_blocks(blocks)
         self.num_cached_block.pop(request_id, None)
-    _patch(stm.SingleTypeKVCacheManager, "free", free)
+    replace(stm.SingleTypeKVCacheManager, "free", free)
 
 
 def evictable_hits_cost_nothing() -> None:
@@ -125,7 +122,7 @@ def evictable_hits_cost_nothing() -> None:
                                    new_computed_blocks: Sequence[KVCacheBlock]) -> int:
         held = self.req_to_blocks.get(request_id) or []
         return -(-num_tokens // self.block_size) - len(new_computed_blocks) - len(held)
-    _patch(stm.SingleTypeKVCacheManager, "get_num_blocks_to_allocate",
+    replace(stm.SingleTypeKVCacheManager, "get_num_blocks_to_allocate",
            get_num_blocks_to_allocate)
 
 
@@ -138,7 +135,7 @@ def chunked_local_without_null_padding() -> None:
         while end < max_length // block_size and hits[end]:
             end += 1
         return 0, end
-    _patch(stm, "chunked_local_hit", chunked_local_hit)
+    replace(stm, "chunked_local_hit", chunked_local_hit)
 
 
 def mamba_first_hit() -> None:
@@ -149,7 +146,7 @@ def mamba_first_hit() -> None:
             if hits[i] and (i + 1) * block_size % alignment_tokens == 0:
                 return i + 1
         return 0
-    _patch(stm, "mamba_hit_blocks", mamba_hit_blocks)
+    replace(stm, "mamba_hit_blocks", mamba_hit_blocks)
 
 
 def sliding_window_run_not_reset() -> None:
@@ -168,7 +165,7 @@ def sliding_window_run_not_reset() -> None:
                 if run >= need:
                     return i, last + 1
         return 0, run if last == run - 1 else 0
-    _patch(stm, "sliding_window_hit", sliding_window_hit)
+    replace(stm, "sliding_window_hit", sliding_window_hit)
 
 
 def common_prefix_counts_shared_blocks() -> None:
@@ -182,7 +179,7 @@ def common_prefix_counts_shared_blocks() -> None:
                 break
             count += 1
         return count
-    _patch(stm.FullAttentionManager, "get_num_common_prefix_blocks",
+    replace(stm.FullAttentionManager, "get_num_common_prefix_blocks",
            get_num_common_prefix_blocks)
 
 
@@ -197,7 +194,7 @@ def max_model_len_ignored() -> None:
             return original(self, *args, **kwargs)
         finally:
             self.max_model_len = saved
-    _patch(kvm.KVCacheManager, "allocate_slots", allocate_slots)
+    replace(kvm.KVCacheManager, "allocate_slots", allocate_slots)
 
 
 def skipped_blocks_freed_on_refusal() -> None:
@@ -211,7 +208,7 @@ def skipped_blocks_freed_on_refusal() -> None:
             self.coordinator.remove_skipped_blocks(request.request_id,
                                                    request.num_computed_tokens)
         return original(self, request, num_new_tokens, *args, **kwargs)
-    _patch(kvm.KVCacheManager, "allocate_slots", allocate_slots)
+    replace(kvm.KVCacheManager, "allocate_slots", allocate_slots)
 
 
 def eagle_block_kept() -> None:
@@ -221,7 +218,7 @@ def eagle_block_kept() -> None:
 
     def trim(num_blocks: int, block_size: int, alignment_tokens: int, use_eagle: bool) -> int:
         return original(num_blocks, block_size, alignment_tokens, False)
-    _patch(stm, "_trim_full_hit", trim)
+    replace(stm, "_trim_full_hit", trim)
 
 
 def _mutant(name: str, plant: Any, *extra: str) -> Mutant:

@@ -11,16 +11,13 @@ from typing import Any
 
 from impl import block_pool as bp, kv_cache_utils as kcu
 from impl.block_pool import BlockPool
-from impl.hashing import BlockHashWithGroupId, maybe_convert_block_hash
+from impl.hashing import BlockHash, BlockHashWithGroupId, maybe_convert_block_hash
 from impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
-from impl.kv_events import AllBlocksCleared
-from tests.mutants import Mutant
+from impl.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved
+from tests.mutants import Mutant, replace
 
 MACHINE = ("tests/test_pool_machine.py",)
 
-
-def _patch(owner: Any, name: str, replacement: Any) -> None:
-    setattr(owner, name, replacement)
 
 
 def touch_keeps_free_block_queued() -> None:
@@ -35,7 +32,7 @@ def touch_keeps_free_block_queued() -> None:
                 block._extra_refs += 1
             else:
                 self._in_use.add(block)
-    _patch(BlockPool, "touch", touch)
+    replace(BlockPool, "touch", touch)
 
 
 def free_forward_order() -> None:
@@ -44,7 +41,7 @@ def free_forward_order() -> None:
 
     def free_blocks(self: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         original(self, list(ordered_blocks)[::-1])
-    _patch(BlockPool, "free_blocks", free_blocks)
+    replace(BlockPool, "free_blocks", free_blocks)
 
 
 def eviction_leaves_key_in_map() -> None:
@@ -52,7 +49,7 @@ def eviction_leaves_key_in_map() -> None:
     def evict_all(self: BlockPool, keyed: list[KVCacheBlock]) -> None:
         for block in keyed:
             self._key_of.pop(block)
-    _patch(BlockPool, "_evict_all", evict_all)
+    replace(BlockPool, "_evict_all", evict_all)
 
 
 def cache_keys_keyed_block() -> None:
@@ -64,7 +61,7 @@ def cache_keys_keyed_block() -> None:
         for block in blocks[num_cached:num_full]:
             self._key_of.pop(block, None)
         original(self, request, blocks, num_cached, num_full, block_size, gid)
-    _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
+    replace(BlockPool, "cache_full_blocks", cache_full_blocks)
 
 
 def null_block_enters_free_queue() -> None:
@@ -75,7 +72,7 @@ def null_block_enters_free_queue() -> None:
         BlockPool._free_one_by_one(self, real)
         if len(real) != len(blocks):
             self.free_block_queue.append_n([self.null_block])
-    _patch(BlockPool, "free_blocks", free_blocks)
+    replace(BlockPool, "free_blocks", free_blocks)
 
 
 def null_block_gets_keyed() -> None:
@@ -95,14 +92,14 @@ def null_block_gets_keyed() -> None:
                 self._group_of[null] = gid
             self.cached_block_hash_to_block.insert(
                 BlockHashWithGroupId(block_hash + gid.to_bytes(4, "big")), null)
-    _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
+    replace(BlockPool, "cache_full_blocks", cache_full_blocks)
 
 
 def usage_counts_null_block() -> None:
     """get_usage() divides by every block, the null block included."""
     def get_usage(self: BlockPool) -> float:
         return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks
-    _patch(BlockPool, "get_usage", get_usage)
+    replace(BlockPool, "get_usage", get_usage)
 
 
 def popleft_n_loses_count_on_error() -> None:
@@ -120,8 +117,8 @@ def popleft_n_loses_count_on_error() -> None:
         self._in_use.update(blocks)
         return blocks
     original_popleft_n = FreeKVCacheBlockQueue.popleft_n
-    _patch(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
-    _patch(BlockPool, "get_new_blocks", get_new_blocks)
+    replace(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
+    replace(BlockPool, "get_new_blocks", get_new_blocks)
 
 
 def reset_succeeds_with_blocks_in_use() -> None:
@@ -132,7 +129,7 @@ def reset_succeeds_with_blocks_in_use() -> None:
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True
-    _patch(BlockPool, "reset_prefix_cache", reset_prefix_cache)
+    replace(BlockPool, "reset_prefix_cache", reset_prefix_cache)
 
 
 def no_event_on_eviction() -> None:
@@ -141,7 +138,7 @@ def no_event_on_eviction() -> None:
         for block in keyed:
             block_hash, group_id = self._key_of.pop(block), self._group_of.pop(block, 0)
             self.cached_block_hash_to_block._remove(group_id, block_hash, block)
-    _patch(BlockPool, "_evict_all", evict_all)
+    replace(BlockPool, "_evict_all", evict_all)
 
 
 def lookup_returns_last_inserted() -> None:
@@ -157,7 +154,7 @@ def lookup_returns_last_inserted() -> None:
                 return None
             found.append(blocks[-1])
         return found
-    _patch(BlockPool, "get_cached_block", get_cached_block)
+    replace(BlockPool, "get_cached_block", get_cached_block)
 
 
 def lookup_not_all_or_nothing() -> None:
@@ -170,7 +167,7 @@ def lookup_not_all_or_nothing() -> None:
             BlockHashWithGroupId(block_hash + gid.to_bytes(4, "big"))) for gid in group_ids]
         hits = [b for b in found if b is not None]
         return hits or None
-    _patch(BlockPool, "get_cached_block", get_cached_block)
+    replace(BlockPool, "get_cached_block", get_cached_block)
 
 
 def free_is_not_atomic() -> None:
@@ -180,7 +177,7 @@ def free_is_not_atomic() -> None:
         self._check_owned(blocks)
         for block in blocks:
             BlockPool._free_one_by_one(self, [block])
-    _patch(BlockPool, "free_blocks", free_blocks)
+    replace(BlockPool, "free_blocks", free_blocks)
 
 
 def alloc_keeps_stale_key() -> None:
@@ -191,7 +188,7 @@ def alloc_keeps_stale_key() -> None:
         blocks = self.free_block_queue.popleft_n(num_blocks)
         self._in_use.update(blocks)
         return blocks
-    _patch(BlockPool, "get_new_blocks", get_new_blocks)
+    replace(BlockPool, "get_new_blocks", get_new_blocks)
 
 
 def caching_off_still_keys() -> None:
@@ -204,18 +201,31 @@ def caching_off_still_keys() -> None:
             original(self, *args)
         finally:
             self.enable_caching = enabled
-    _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
+    replace(BlockPool, "cache_full_blocks", cache_full_blocks)
 
 
 def empty_key_entry_left_behind() -> None:
-    """Removing the last of several blocks under a key leaves the key with an empty entry."""
-    def remove(group: dict[bytes, Any], block_hash: bytes, block: KVCacheBlock) -> None:
-        entry = group[block_hash]
-        if entry is block:
-            del group[block_hash]
+    """Removing a key's last block empties its slot but leaves the key in the map."""
+    original = bp.BlockHashToBlockMap._remove
+
+    def remove(self: bp.BlockHashToBlockMap, group_id: int, block_hash: bytes,
+               block: KVCacheBlock) -> None:
+        group = self._groups[group_id]
+        if group.get(block_hash) is block and not self._later.get((group_id, block_hash)):
+            group[block_hash] = None  # type: ignore[assignment]
         else:
-            entry.remove(block)
-    _patch(bp, "_remove", remove)
+            original(self, group_id, block_hash, block)
+
+    def evict_all(self: BlockPool, keyed: list[KVCacheBlock]) -> None:
+        for block in keyed:  # every eviction through _remove (no inlined fast path)
+            block_hash, group_id = self._key_of.pop(block), self._group_of.pop(block, 0)
+            self.cached_block_hash_to_block._remove(group_id, block_hash, block)
+            if self.enable_kv_cache_events:
+                self.kv_event_queue.append(BlockRemoved(
+                    block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
+                    medium=MEDIUM_GPU))
+    replace(bp.BlockHashToBlockMap, "_remove", remove)
+    replace(BlockPool, "_evict_all", evict_all)
 
 
 def evict_requeues_free_block() -> None:
@@ -228,21 +238,21 @@ def evict_requeues_free_block() -> None:
             block = self.blocks[block_id]
             if block_id and block.ref_cnt == 0:
                 self.free_block_queue.append(block)
-    _patch(BlockPool, "evict_blocks", evict_blocks)
+    replace(BlockPool, "evict_blocks", evict_blocks)
 
 
 def free_block_reports_negative_ref() -> None:
     """A free block reports ref_cnt -1 (a 'free' sentinel leaking out of the layout)."""
     def ref_count(self: BlockPool, block: KVCacheBlock) -> int:
         return block._extra_refs + 1 if block in self._in_use else -1
-    _patch(BlockPool, "_ref_count", ref_count)
+    replace(BlockPool, "_ref_count", ref_count)
 
 
 def take_events_keeps_queue() -> None:
     """take_events() returns the pending events but does not clear them."""
     def take_events(self: BlockPool) -> list[Any]:
         return list(self.kv_event_queue) if self.enable_kv_cache_events else []
-    _patch(BlockPool, "take_events", take_events)
+    replace(BlockPool, "take_events", take_events)
 
 
 def alloc_hands_out_tail_first() -> None:
@@ -251,7 +261,7 @@ def alloc_hands_out_tail_first() -> None:
 
     def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
         return original(self, num_blocks)[::-1]
-    _patch(BlockPool, "get_new_blocks", get_new_blocks)
+    replace(BlockPool, "get_new_blocks", get_new_blocks)
 
 
 def take_events_newest_first() -> None:
@@ -260,7 +270,7 @@ def take_events_newest_first() -> None:
 
     def take_events(self: BlockPool) -> list[Any]:
         return original(self)[::-1]
-    _patch(BlockPool, "take_events", take_events)
+    replace(BlockPool, "take_events", take_events)
 
 
 def stored_event_wrong_parent() -> None:
@@ -277,7 +287,7 @@ def stored_event_wrong_parent() -> None:
             self.kv_event_queue[-1] = type(stored)(  # type: ignore[call-arg]
                 stored.block_hashes, wrong, stored.token_ids,  # type: ignore[attr-defined]
                 stored.block_size, stored.lora_id, stored.medium)  # type: ignore[attr-defined]
-    _patch(BlockPool, "cache_full_blocks", cache_full_blocks)
+    replace(BlockPool, "cache_full_blocks", cache_full_blocks)
 
 
 def evict_out_of_range_not_atomic() -> None:
@@ -289,7 +299,7 @@ def evict_out_of_range_not_atomic() -> None:
             block = self._objects[block_id]
             if block is not None and block in self._key_of:
                 self._evict_all([block])
-    _patch(BlockPool, "evict_blocks", evict_blocks)
+    replace(BlockPool, "evict_blocks", evict_blocks)
 
 
 def stale_entry_handed_out() -> None:
@@ -300,14 +310,14 @@ def stale_entry_handed_out() -> None:
         self._stale.clear()
         self._num_stale = 0
         return original(self, n)
-    _patch(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
+    replace(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
 
 
 def shared_touch_counts_once() -> None:
     """touch() of blocks already in use does not add a reference (a shared block is freed early)."""
     def share(self: BlockPool, blocks: list[KVCacheBlock]) -> None:
         pass
-    _patch(BlockPool, "_share", share)
+    replace(BlockPool, "_share", share)
 
 
 def prefix_lookup_skips_a_miss() -> None:
@@ -317,7 +327,7 @@ def prefix_lookup_skips_a_miss() -> None:
         group = self._groups.get(group_id, {})
         found = [group.get(h) for h in block_hashes[:max_blocks]]
         return [b for b in found if b is not None]
-    _patch(BlockPool, "get_cached_prefix", get_cached_prefix)
+    replace(BlockPool, "get_cached_prefix", get_cached_prefix)
 
 
 MUTANTS = [
