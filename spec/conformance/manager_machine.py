@@ -43,7 +43,9 @@ from spec.manager import GroupSpec, Kind, ManagerConfig, ManagerState, RequestVi
 class ManagerView:
     """A manager's abstract state: comparable between the spec and any target."""
 
-    tables: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]  # per group, sorted by id
+    # per group, sorted by id; a request holding no block in a group is left out, so that an
+    # empty entry (vLLM's defaultdict makes one on a mere read, finding M2) is no difference
+    tables: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]
     num_cached: tuple[tuple[tuple[str, int], ...], ...]  # per group, nonzero counts only
     ref: tuple[int, ...]  # per block, null block as 0
     free: tuple[int, ...]
@@ -52,7 +54,8 @@ class ManagerView:
 
 def view_of(state: ManagerState) -> ManagerView:
     return ManagerView(
-        tables=state.tables,
+        tables=tuple(tuple((r, blocks) for r, blocks in table if blocks)
+                     for table in state.tables),
         num_cached=tuple(tuple((r, n) for r, n in counts if n) for counts in state.num_cached),
         ref=state.pool.ref,
         free=state.pool.free,
@@ -364,7 +367,7 @@ class ImplManager:
         for single in manager.coordinator.single_type_managers:
             tables.append(tuple(sorted(
                 (rid, tuple(b.block_id for b in blocks))
-                for rid, blocks in single.req_to_blocks.items()
+                for rid, blocks in single.req_to_blocks.items() if blocks
             )))
             counts.append(tuple(sorted(
                 (rid, n) for rid, n in single.num_cached_block.items() if n
