@@ -15,12 +15,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mypyc"
-GROUP = "kvspec_impl"  # mypyc's shared library: kvspec_impl__mypyc.*.so at the repo root
+GROUP = "impl.compiled"  # mypyc's shared library: impl/compiled__mypyc.*.so
 
 
 def compiled_files() -> list[Path]:
-    return [*ROOT.glob(f"{GROUP}__mypyc*"), *(ROOT / "impl").glob("*.so"),
-            *(ROOT / "impl").glob("*.pyd")]
+    return [*ROOT.glob("kvspec_impl__mypyc*"),  # where earlier versions put the library
+            *(ROOT / "impl").glob("*.so"), *(ROOT / "impl").glob("*.pyd")]
 
 
 def clean() -> None:
