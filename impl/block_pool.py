@@ -274,19 +274,21 @@ class BlockPool:
         group = self._groups.get(kv_cache_group_id)
         if group is None:
             _suffix(kv_cache_group_id)  # refuses a malformed group id
-            return []
-        if type(block_hashes) is not list:
-            block_hashes = list(islice(block_hashes, max(max_blocks, 0)))
+            group = {}
+        limit = max(max_blocks, 0)
+        wanted = block_hashes[:limit] if type(block_hashes) is list else list(
+            islice(block_hashes, limit))
         try:
-            hit: list[KVCacheBlock] = list(
-                takewhile(truth, map(group.get, block_hashes[:max(max_blocks, 0)]))  # type: ignore[arg-type]
-            )
-        except TypeError:  # an unhashable "hash"
+            hit: list[KVCacheBlock] = list(takewhile(truth, map(group.get, wanted)))  # type: ignore[arg-type]
+        except TypeError:  # an unhashable "hash" before the first miss
             hit = []
-        if len(hit) < max_blocks and len(hit) < len(block_hashes):
-            miss = block_hashes[len(hit)]
-            if type(miss) is not bytes:
-                raise InvalidBlockHashError(f"block hash must be bytes, got {miss!r}")
+            for block_hash in wanted:
+                block = group.get(block_hash) if type(block_hash) is bytes else None
+                if block is None:
+                    break
+                hit.append(block)
+        if len(hit) < len(wanted) and type(wanted[len(hit)]) is not bytes:
+            raise InvalidBlockHashError(f"block hash must be bytes, got {wanted[len(hit)]!r}")
         return hit
 
     def cache_full_blocks(
