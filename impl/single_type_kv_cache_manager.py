@@ -423,7 +423,6 @@ class SingleTypeKVCacheManager(ABC):
         """Leading blocks every running request shares (for cascade attention)."""
 
     @classmethod
-    @abstractmethod
     def find_longest_cache_hit(
         cls,
         block_hashes: BlockHashList,
@@ -437,7 +436,25 @@ class SingleTypeKVCacheManager(ABC):
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
         """Per group in ``kv_cache_group_ids``: the blocks of the longest cache hit within
-        ``max_length`` tokens (the same length in every group)."""
+        ``max_length`` tokens (the same length in every group): null blocks up to the first
+        hit block, then the hits of ``[first, end)`` that ``_hit_range`` picks."""
+        cls._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
+        block_size = kv_cache_spec.block_size
+        hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
+        first, end = cls._hit_range(
+            hits, _max_length_within(block_hashes, max_length, block_size), block_size,
+            kv_cache_spec, use_eagle, alignment_tokens,
+        )
+        return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
+
+    @classmethod
+    def _hit_range(
+        cls, hits: Sequence[bool], max_length: int, block_size: int,
+        kv_cache_spec: KVCacheSpec, use_eagle: bool, alignment_tokens: int,
+    ) -> tuple[int, int]:
+        """This attention type's hit rule: ``[first, end)``, the block indices of the hit
+        (the managers that override ``find_longest_cache_hit`` have none)."""
+        raise NotImplementedError(f"{cls.__name__} has no hit rule over block positions")
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
@@ -529,26 +546,14 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.sliding_window = cast(SlidingWindowSpec, kv_cache_spec).sliding_window
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: BlockHashList,
-        max_length: int,
-        kv_cache_group_ids: list[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        cls._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
-        block_size = kv_cache_spec.block_size
-        hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
-        first, end = sliding_window_hit(
-            hits, _max_length_within(block_hashes, max_length, block_size), block_size,
-            cast(SlidingWindowSpec, kv_cache_spec).sliding_window, alignment_tokens, use_eagle,
+    def _hit_range(
+        cls, hits: Sequence[bool], max_length: int, block_size: int,
+        kv_cache_spec: KVCacheSpec, use_eagle: bool, alignment_tokens: int,
+    ) -> tuple[int, int]:
+        return sliding_window_hit(
+            hits, max_length, block_size, cast(SlidingWindowSpec, kv_cache_spec).sliding_window,
+            alignment_tokens, use_eagle,
         )
-        return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - self.sliding_window + 1
@@ -579,33 +584,21 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
                                          kv_cache_spec).attention_chunk_size
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: BlockHashList,
-        max_length: int,
-        kv_cache_group_ids: list[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        cls._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
+    def _hit_range(
+        cls, hits: Sequence[bool], max_length: int, block_size: int,
+        kv_cache_spec: KVCacheSpec, use_eagle: bool, alignment_tokens: int,
+    ) -> tuple[int, int]:
         if use_eagle:
             raise InvalidKVCacheConfig("chunked local attention does not support EAGLE")
-        block_size = kv_cache_spec.block_size
         if alignment_tokens != block_size:
             raise InvalidKVCacheConfig(
                 f"chunked local attention needs the hit alignment ({alignment_tokens} tokens) "
                 f"to equal its block size {block_size}"
             )
-        hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
-        first, end = chunked_local_hit(
-            hits, _max_length_within(block_hashes, max_length, block_size), block_size,
+        return chunked_local_hit(
+            hits, max_length, block_size,
             cast(ChunkedLocalAttentionSpec, kv_cache_spec).attention_chunk_size,
         )
-        return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
@@ -636,27 +629,12 @@ class MambaManager(SingleTypeKVCacheManager):
         self.num_speculative_tokens = kv_cache_spec.block_size * spec_blocks
 
     @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: BlockHashList,
-        max_length: int,
-        kv_cache_group_ids: list[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        use_eagle: bool,
-        alignment_tokens: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-    ) -> tuple[list[KVCacheBlock], ...]:
-        cls._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
-        block_size = kv_cache_spec.block_size
-        hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
-        end = mamba_hit_blocks(
-            hits, _max_length_within(block_hashes, max_length, block_size), block_size,
-            alignment_tokens,
-        )
-        first = max(end - 1, 0)
-        return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
+    def _hit_range(
+        cls, hits: Sequence[bool], max_length: int, block_size: int,
+        kv_cache_spec: KVCacheSpec, use_eagle: bool, alignment_tokens: int,
+    ) -> tuple[int, int]:
+        end = mamba_hit_blocks(hits, max_length, block_size, alignment_tokens)
+        return max(end - 1, 0), end
 
     def get_num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
