@@ -10,8 +10,8 @@ VLLM ?= 0.13.0
 VLLM_PYTHON ?=
 CROSSHAIR_TIMEOUT ?= 4
 # Modules whose PEP 316 contracts CrossHair checks in `make check`.
-CROSSHAIR_TARGETS ?= spec/pool.py spec/pool_programs.py spec/hashing.py spec/slot_mapping.py \
-	spec/attention_rules.py spec/manager.py
+CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.spec.pool_programs kvspec.spec.hashing \
+	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager
 
 .PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env clean
 
@@ -46,7 +46,7 @@ test-pure: setup
 	KVSPEC_PURE_PYTHON=1 $(PY) -m pytest tests/test_pool_machine.py tests/test_manager_machine.py
 
 check: setup
-	$(PY) -m mypy --strict spec impl models tests benchmarks scripts
+	$(PY) -m mypy --strict kvspec tests benchmarks scripts
 	$(PY) -m ruff check .
 	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) \
 		--max_uninteresting_iterations=64 $(CROSSHAIR_TARGETS)

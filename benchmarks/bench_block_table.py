@@ -46,7 +46,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from impl.block_table import BlockTable
+from kvspec.impl.block_table import BlockTable
 
 BLOCK_SIZE = 16
 MAX_NUM_REQS = 256
@@ -234,7 +234,7 @@ def _gpu_rows(quick: bool) -> list[dict[str, Any]]:
     the launch (CUDA events around back-to-back calls), at 8,192 and 1M tokens; bandwidth
     counts 28 bytes a token (request index and position read, table entry read, slot
     written)."""
-    from impl import slot_mapping_triton
+    from kvspec.impl import slot_mapping_triton
 
     if not torch.cuda.is_available() or not slot_mapping_triton.triton_available():
         return []

@@ -14,13 +14,13 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
-from spec.conformance.pool_machine import PoolMachine
-from spec.conformance.targets import VllmApiPool
-from spec.pool import PoolState
+from kvspec.spec.conformance.pool_machine import PoolMachine
+from kvspec.spec.conformance.targets import VllmApiPool
+from kvspec.spec.pool import PoolState
 
 
 def steps_per_second(examples: int = 40, steps: int = 100) -> float:
-    logging.getLogger("impl.block_pool").setLevel(logging.ERROR)
+    logging.getLogger("kvspec.impl.block_pool").setLevel(logging.ERROR)
     counted = {"steps": 0}
 
     class Counting(PoolMachine):

@@ -68,14 +68,14 @@ class Side:
 
 
 def impl_side() -> Side:
-    from impl.hashing import get_request_block_hasher, sha256
-    from impl.kv_cache_interface import (
+    from kvspec.impl.hashing import get_request_block_hasher, sha256
+    from kvspec.impl.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
         KVCacheTensor,
     )
-    from impl.kv_cache_manager import KVCacheManager, Request
+    from kvspec.impl.kv_cache_manager import KVCacheManager, Request
 
     def make_manager() -> Any:
         spec = FullAttentionSpec(BLOCK_SIZE, 8, 128, "bfloat16")

@@ -46,7 +46,7 @@ def _row(workload: str, unit: str, ours: float, theirs: float | None,
 
 
 def pool_rows(quick: bool) -> list[dict[str, Any]]:
-    from impl.block_pool import BlockPool
+    from kvspec.impl.block_pool import BlockPool
 
     vllm_pool = _vllm_block_pool()
     runs = 2 if quick else 5
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         import vllm
 
         version = getattr(vllm, "__version__", "?")
-    import impl
+    from kvspec import impl
 
     build = "compiled with mypyc" if impl.COMPILED else "pure Python"
     print(f"python {sys.version.split()[0]}; impl/ {build}; "

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, overload
 
 from mypy_extensions import mypyc_attr
 
-from impl.errors import (
+from kvspec.impl import host_types
+from kvspec.impl.errors import (
     BlockAlreadyCachedError as BlockAlreadyCachedError,
     BlockNotInPoolError as BlockNotInPoolError,
     BlockNotInUseError as BlockNotInUseError,
@@ -34,18 +35,18 @@ from impl.errors import (
     InvalidBlockHashError as InvalidBlockHashError,
     NotEnoughFreeBlocksError as NotEnoughFreeBlocksError,
 )
-from impl.hashing import (
+from kvspec.impl.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
     BlockHashWithGroupId,
     maybe_convert_block_hash,
 )
-from impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
-from impl.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from kvspec.impl.kv_events import MEDIUM_GPU, KVCacheEvent
 
 if TYPE_CHECKING:
-    from impl.kv_cache_metrics import KVCacheMetricsCollector
-    from impl.request import Request
+    from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
+    from kvspec.impl.request import RequestLike
 
 logger = logging.getLogger(__name__)
 
@@ -293,7 +294,7 @@ class BlockPool:
 
     def cache_full_blocks(
         self,
-        request: Request,
+        request: RequestLike,
         blocks: list[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
@@ -365,7 +366,7 @@ class BlockPool:
         if self.enable_kv_cache_events:
             lora = getattr(request, "lora_request", None)
             parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
-            self.kv_event_queue.append(BlockStored(
+            self.kv_event_queue.append(host_types.BlockStored(
                 block_hashes=[maybe_convert_block_hash(BlockHash(key_of[b])) for b in new_blocks],
                 parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
                 token_ids=list(request.all_token_ids[
@@ -410,9 +411,10 @@ class BlockPool:
             for block_hash in hashes:
                 del group[block_hash]
         if self.enable_kv_cache_events:
+            removed = host_types.BlockRemoved
             self.kv_event_queue.extend(
-                BlockRemoved(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
-                             medium=MEDIUM_GPU)
+                removed(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
+                        medium=MEDIUM_GPU)
                 for block_hash in hashes)
 
     def touch(self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock]) -> None:
@@ -545,7 +547,7 @@ class BlockPool:
         if self.metrics_collector is not None:
             self.metrics_collector.reset()
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(AllBlocksCleared())
+            self.kv_event_queue.append(host_types.AllBlocksCleared())
         return True
 
     # -- accounting ----------------------------------------------------------------------

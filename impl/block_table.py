@@ -60,8 +60,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from impl import slot_mapping_triton
-from impl.utils import CpuGpuBuffer
+from kvspec.impl import slot_mapping_triton
+from kvspec.impl.utils import CpuGpuBuffer
 
 PAD_SLOT_ID = -1
 INT32_LIMIT = 2**31

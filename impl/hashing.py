@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NewType, Protocol, cast, overload
 
 if TYPE_CHECKING:
-    from impl.request import Request
+    from kvspec.impl.request import RequestLike
 
 
 
@@ -232,7 +232,7 @@ def init_none_hash(hash_fn: HashFunction) -> None:
     global NONE_HASH
     seed = os.environ.get("PYTHONHASHSEED")
     NONE_HASH = BlockHash(os.urandom(32) if seed is None else hash_fn(seed))
-    kv_cache_utils = sys.modules.get("impl.kv_cache_utils")
+    kv_cache_utils = sys.modules.get("kvspec.impl.kv_cache_utils")
     if kv_cache_utils is not None:  # its re-export (vLLM keeps NONE_HASH there)
         vars(kv_cache_utils)["NONE_HASH"] = NONE_HASH
 
@@ -273,7 +273,7 @@ class _MultiModalFeatureLike(Protocol):
     def mm_position(self) -> _PlaceholderLike: ...
 
 
-def need_extra_keys(request: Request) -> bool:
+def need_extra_keys(request: RequestLike) -> bool:
     """Whether the request's blocks carry extra keys from multimodal input, LoRA or a salt.
 
     As in vLLM 0.13, prompt embeddings are not part of this test; the request block hasher
@@ -286,7 +286,7 @@ def need_extra_keys(request: Request) -> bool:
     )
 
 
-def _request_has_extra_key_sources(request: Request) -> bool:
+def _request_has_extra_key_sources(request: RequestLike) -> bool:
     return need_extra_keys(request) or request.prompt_embeds is not None
 
 
@@ -347,7 +347,7 @@ def _prompt_embeds_bytes(prompt_embeds: Any, start: int, end: int) -> bytes:
 
 
 def generate_block_hash_extra_keys(
-    request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+    request: RequestLike, start_token_idx: int, end_token_idx: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
     """The extra keys of tokens ``[start_token_idx, end_token_idx)`` and the next mm index.
 
@@ -374,7 +374,7 @@ def generate_block_hash_extra_keys(
 
 def get_request_block_hasher(
     block_size: int, caching_hash_fn: HashFunction
-) -> Callable[[Request], list[BlockHash]]:
+) -> Callable[[RequestLike], list[BlockHash]]:
     """A function giving the hashes of a request's new full blocks (those not yet hashed)."""
     if type(block_size) is not int or block_size <= 0:
         raise InvalidBlockSizeError(f"block size must be a positive int, got {block_size!r}")
@@ -383,7 +383,7 @@ def get_request_block_hasher(
     protocol = _PICKLE_PROTOCOL
     use_sha256 = caching_hash_fn is sha256
 
-    def request_block_hasher(request: Request) -> list[BlockHash]:
+    def request_block_hasher(request: RequestLike) -> list[BlockHash]:
         block_hashes = request.block_hashes
         start = len(block_hashes) * block_size
         tokens = request.all_token_ids

@@ -18,18 +18,20 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from impl.block_pool import BlockPool
-from impl.hashing import BlockHash, BlockHashListWithBlockSize
-from impl.kv_cache_interface import (
+from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.hashing import BlockHash, BlockHashListWithBlockSize
+from kvspec.impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     KVCacheConfig,
+    KVCacheConfigLike,
     KVCacheSpec,
+    as_kv_cache_config,
 )
-from impl.kv_cache_metrics import KVCacheMetricsCollector
-from impl.kv_cache_utils import KVCacheBlock
-from impl.request import Request
-from impl.single_type_kv_cache_manager import (
+from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
+from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.request import RequestLike
+from kvspec.impl.single_type_kv_cache_manager import (
     CrossAttentionManager,
     FullAttentionManager,
     InvalidKVCacheConfig,
@@ -59,7 +61,7 @@ class KVCacheCoordinator(ABC):
 
     def __init__(
         self,
-        kv_cache_config: KVCacheConfig,
+        kv_cache_config: KVCacheConfigLike,
         max_model_len: int,
         use_eagle: bool,
         enable_caching: bool,
@@ -73,7 +75,10 @@ class KVCacheCoordinator(ABC):
         _require_positive_int("hash_block_size", hash_block_size)
         _require_positive_int("dcp_world_size", dcp_world_size)
         _require_positive_int("pcp_world_size", pcp_world_size)
+        # The caller's config (vLLM's own, in vLLM) is kept as given; impl computes with its
+        # own equal config.
         self.kv_cache_config = kv_cache_config
+        config = as_kv_cache_config(kv_cache_config)
         self.max_model_len = max_model_len
         self.use_eagle = use_eagle
         self.enable_caching = enable_caching
@@ -81,7 +86,7 @@ class KVCacheCoordinator(ABC):
         self.pcp_world_size = pcp_world_size
         self.hash_block_size = hash_block_size
         self.block_pool = BlockPool(
-            kv_cache_config.num_blocks, enable_caching, hash_block_size,
+            config.num_blocks, enable_caching, hash_block_size,
             enable_kv_cache_events, metrics_collector,
         )
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
@@ -160,7 +165,7 @@ class KVCacheCoordinator(ABC):
             for manager in self.single_type_managers
         )
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
         for manager in self.single_type_managers:
             manager.cache_blocks(request, num_computed_tokens)
 
@@ -199,7 +204,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
     def __init__(
         self,
-        kv_cache_config: KVCacheConfig,
+        kv_cache_config: KVCacheConfigLike,
         max_model_len: int,
         use_eagle: bool,
         enable_kv_cache_events: bool,
@@ -228,7 +233,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def __init__(
         self,
-        kv_cache_config: KVCacheConfig,
+        kv_cache_config: KVCacheConfigLike,
         max_model_len: int,
         use_eagle: bool,
         enable_caching: bool,
@@ -238,7 +243,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         hash_block_size: int,
         metrics_collector: KVCacheMetricsCollector | None = None,
     ) -> None:
-        groups = kv_cache_config.kv_cache_groups
+        config = as_kv_cache_config(kv_cache_config)
+        groups = config.kv_cache_groups
         if len(groups) != 1:
             raise InvalidKVCacheConfig(
                 f"UnitaryKVCacheCoordinator needs exactly 1 KV-cache group, got {len(groups)}"
@@ -250,7 +256,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                 f"with one KV-cache group the block size {block_size} must equal "
                 f"hash_block_size {hash_block_size}"
             )
-        _check_caching_supported(kv_cache_config, enable_caching)
+        _check_caching_supported(config, enable_caching)
         if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
             raise InvalidKVCacheConfig("chunked local attention does not support EAGLE")
         super().__init__(
@@ -299,7 +305,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     ) -> tuple[list[KVCacheBlock], ...]:
         return (self._manager.allocate_new_blocks(request_id, num_tokens),)
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
         self._manager.cache_blocks(request, num_computed_tokens)
 
     def free(self, request_id: str) -> None:
@@ -329,7 +335,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
 
     def __init__(
         self,
-        kv_cache_config: KVCacheConfig,
+        kv_cache_config: KVCacheConfigLike,
         max_model_len: int,
         use_eagle: bool,
         enable_caching: bool,
@@ -339,7 +345,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         hash_block_size: int,
         metrics_collector: KVCacheMetricsCollector | None = None,
     ) -> None:
-        groups = kv_cache_config.kv_cache_groups
+        config = as_kv_cache_config(kv_cache_config)
+        groups = config.kv_cache_groups
         if len(groups) < 2:
             raise InvalidKVCacheConfig(
                 f"HybridKVCacheCoordinator needs at least 2 KV-cache groups, got {len(groups)}"
@@ -350,7 +357,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             )
         if use_eagle:
             raise InvalidKVCacheConfig("EAGLE with several KV-cache groups is not supported")
-        _check_caching_supported(kv_cache_config, enable_caching)
+        _check_caching_supported(config, enable_caching)
         for group_id, group in enumerate(groups):
             if group.kv_cache_spec.block_size % hash_block_size:
                 raise InvalidKVCacheConfig(
@@ -361,7 +368,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
         )
-        self.attention_types = _attention_types(kv_cache_config)
+        self.attention_types = _attention_types(config)
         self.lcm_block_size = math.lcm(*(spec.block_size for spec, _ in self.attention_types))
         for spec, _ in self.attention_types:
             if isinstance(spec, ChunkedLocalAttentionSpec) and spec.block_size != (
@@ -439,7 +446,7 @@ def _check_caching_supported(kv_cache_config: KVCacheConfig, enable_caching: boo
 
 
 def get_kv_cache_coordinator(
-    kv_cache_config: KVCacheConfig,
+    kv_cache_config: KVCacheConfigLike,
     max_model_len: int,
     use_eagle: bool,
     enable_caching: bool,

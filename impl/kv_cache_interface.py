@@ -14,14 +14,20 @@ Mirrors ``vllm/v1/kv_cache_interface.py`` of vLLM 0.13 (field names, class hiera
 
 Sequences given to ``KVCacheTensor``, ``KVCacheGroupSpec`` and ``KVCacheConfig`` are stored as
 tuples. Bad values raise ``InvalidKVCacheSpec`` (a ``ValueError``) naming the value.
+
+vLLM's own spec and config objects (or a fork's) are accepted wherever impl takes a spec or a
+config: ``as_kv_cache_spec`` and ``as_kv_cache_config`` recognise them by what they are (the
+class name of a spec kind, and the fields that kind has), never by importing vLLM, and give
+impl's equal object. The managers keep the caller's object and compute with impl's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 __all__ = [
     "DTYPE_SIZES",
@@ -31,16 +37,22 @@ __all__ = [
     "FullAttentionSpec",
     "InvalidKVCacheSpec",
     "KVCacheConfig",
+    "KVCacheConfigLike",
     "KVCacheGroupSpec",
+    "KVCacheGroupSpecLike",
     "KVCacheSpec",
+    "KVCacheSpecLike",
     "KVCacheTensor",
     "MLAAttentionSpec",
     "MambaSpec",
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
+    "as_kv_cache_config",
+    "as_kv_cache_spec",
     "canonical_dtype",
     "dtype_size",
     "spec_fields",
+    "spec_kind",
 ]
 
 
@@ -467,3 +479,108 @@ class KVCacheConfig:
 def spec_fields(spec: KVCacheSpec) -> dict[str, Any]:
     """The fields of ``spec`` as a dict (for printing and serialising layouts)."""
     return {f.name: getattr(spec, f.name) for f in fields(spec)}
+
+
+# ---------------------------------------------------------------------- vLLM's objects
+
+
+class KVCacheSpecLike(Protocol):
+    """A KV-cache spec as vLLM's callers give it (impl's or vLLM's); ``as_kv_cache_spec``
+    gives impl's."""
+
+    @property
+    def block_size(self) -> int: ...
+
+
+class KVCacheGroupSpecLike(Protocol):
+    """A KV-cache group as vLLM's callers give it (impl's ``KVCacheGroupSpec`` or vLLM's)."""
+
+    @property
+    def layer_names(self) -> Sequence[str]: ...
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpecLike: ...
+
+
+class KVCacheConfigLike(Protocol):
+    """A KV-cache config as vLLM's callers give it (impl's ``KVCacheConfig`` or vLLM's)."""
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def kv_cache_groups(self) -> Sequence[KVCacheGroupSpecLike]: ...
+
+
+# Spec kinds by class name: how a spec object from vLLM (whose classes have these names and
+# fields) is recognised without importing vLLM. The name is matched exactly, as vLLM's
+# ``spec_manager_map`` matches the exact type: a subclass is a kind of its own.
+_SPEC_KINDS: dict[str, type[KVCacheSpec]] = {
+    cls.__name__: cls
+    for cls in (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SinkFullAttentionSpec,
+        SlidingWindowSpec,
+        ChunkedLocalAttentionSpec,
+        MambaSpec,
+        CrossAttentionSpec,
+    )
+}
+
+_converted_specs: dict[object, KVCacheSpec] = {}
+
+
+def spec_kind(spec: object) -> type[KVCacheSpec] | None:
+    """impl's spec class for ``spec``'s kind: its own class for an impl spec, the class of the
+    same name for a foreign one; None for a kind impl does not know."""
+    if isinstance(spec, KVCacheSpec):
+        return type(spec)
+    return _SPEC_KINDS.get(type(spec).__name__)
+
+
+def as_kv_cache_spec(spec: object) -> KVCacheSpec:
+    """``spec`` as impl's spec: itself, or impl's spec of the same kind built from the fields
+    of a foreign spec object (vLLM's ``FullAttentionSpec(..., dtype=torch.float16)`` gives
+    impl's ``FullAttentionSpec(..., dtype="float16")``). Conversions are remembered."""
+    if isinstance(spec, KVCacheSpec):
+        return spec
+    try:
+        return _converted_specs[spec]
+    except (KeyError, TypeError):  # not converted yet, or unhashable
+        pass
+    kind = spec_kind(spec)
+    if kind is None:
+        raise InvalidKVCacheSpec(
+            f"{spec!r} is not a KV-cache spec of a kind kvspec knows "
+            f"({', '.join(sorted(_SPEC_KINDS))})"
+        )
+    values = {f.name: getattr(spec, f.name) for f in fields(kind) if hasattr(spec, f.name)}
+    try:
+        converted = kind(**values)
+    except TypeError as missing:
+        raise InvalidKVCacheSpec(f"{spec!r} lacks a field of {kind.__name__}: {missing}") from None
+    with contextlib.suppress(TypeError):
+        _converted_specs[spec] = converted
+    return converted
+
+
+def as_kv_cache_config(config: object) -> KVCacheConfig:
+    """``config`` as impl's ``KVCacheConfig``: itself, or impl's equal config built from the
+    fields of a foreign one (vLLM's, whose sequences are lists and specs vLLM's)."""
+    if isinstance(config, KVCacheConfig):
+        return config
+    try:
+        num_blocks = config.num_blocks  # type: ignore[attr-defined]
+        tensors = config.kv_cache_tensors  # type: ignore[attr-defined]
+        groups = config.kv_cache_groups  # type: ignore[attr-defined]
+        return KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=tuple(KVCacheTensor(t.size, tuple(t.shared_by)) for t in tensors),
+            kv_cache_groups=tuple(
+                KVCacheGroupSpec(tuple(g.layer_names), as_kv_cache_spec(g.kv_cache_spec))
+                for g in groups
+            ),
+        )
+    except (AttributeError, TypeError) as error:
+        raise InvalidKVCacheSpec(f"{config!r} is not a KV-cache config: {error}") from None

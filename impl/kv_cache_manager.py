@@ -20,22 +20,24 @@ from itertools import chain
 
 from mypy_extensions import mypyc_attr
 
-from impl.errors import (
+from kvspec.impl import host_types
+from kvspec.impl.errors import (
     InvalidAllocationError as InvalidAllocationError,
     UnknownRequestError as UnknownRequestError,
 )
-from impl.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
-from impl.kv_cache_interface import KVCacheConfig
-from impl.kv_cache_metrics import KVCacheMetricsCollector
-from impl.kv_cache_utils import KVCacheBlock
-from impl.kv_events import KVCacheEvent
-from impl.request import Request
-from impl.single_type_kv_cache_manager import (
+from kvspec.impl.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
+from kvspec.impl.kv_cache_interface import KVCacheConfigLike
+from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
+from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.kv_events import KVCacheEvent
+from kvspec.impl.request import Request as Request, RequestLike
+from kvspec.impl.single_type_kv_cache_manager import (
     InvalidKVCacheConfig,
     KVCacheManagerError,
     PrefixCachingNotSupported,
     UnsupportedKVCacheSpec,
 )
+from kvspec.impl.stats import PrefixCacheStats as PrefixCacheStats
 
 __all__ = [
     "InvalidAllocationError",
@@ -49,29 +51,6 @@ __all__ = [
     "UnknownRequestError",
     "UnsupportedKVCacheSpec",
 ]
-
-
-@dataclass
-class PrefixCacheStats:
-    """Prefix-cache lookups since the last ``make_prefix_cache_stats``."""
-
-    reset: bool = False
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        if preempted:
-            self.preempted_requests += 1
-            self.preempted_queries += num_tokens
-            self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
 
 
 @dataclass
@@ -115,7 +94,7 @@ class KVCacheManager:
 
     def __init__(
         self,
-        kv_cache_config: KVCacheConfig,
+        kv_cache_config: KVCacheConfigLike,
         max_model_len: int,
         hash_block_size: int,
         enable_caching: bool = True,
@@ -149,7 +128,7 @@ class KVCacheManager:
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.block_pool = self.coordinator.block_pool
         self.prefix_cache_stats: PrefixCacheStats | None = (
-            PrefixCacheStats() if log_stats else None
+            host_types.PrefixCacheStats() if log_stats else None
         )
         # Compared by identity: "no cache hits" (the GC-friendly shared empty result).
         self.empty_kv_cache_blocks = KVCacheBlocks(
@@ -169,12 +148,12 @@ class KVCacheManager:
         if not self.log_stats:
             return None
         stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
+        self.prefix_cache_stats = host_types.PrefixCacheStats()
         return stats
 
     # -- lookup --------------------------------------------------------------------------
 
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+    def get_computed_blocks(self, request: RequestLike) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix of the request, at most ``num_tokens - 1`` tokens (the
         last token is always recomputed to get its logits), and its length in tokens."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
@@ -195,7 +174,7 @@ class KVCacheManager:
 
     def allocate_slots(
         self,
-        request: Request,
+        request: RequestLike,
         num_new_tokens: int | object,
         num_new_computed_tokens: int | object = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
@@ -286,14 +265,14 @@ class KVCacheManager:
             coordinator.cache_blocks(request, num_tokens_to_cache)
         return self.create_kv_cache_blocks(new_blocks)
 
-    def free(self, request: Request) -> None:
+    def free(self, request: RequestLike) -> None:
         """Release the request's blocks, each group's last block first."""
         request_id = request.request_id
         if self.strict_free and not self.coordinator.has_blocks(request_id):
             raise UnknownRequestError(f"the manager holds no blocks for request {request_id!r}")
         self.coordinator.free(request_id)
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
         """Key the request's blocks that ``num_computed_tokens`` tokens fill."""
         if self.enable_caching:
             self.coordinator.cache_blocks(request, num_computed_tokens)

@@ -16,9 +16,11 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from itertools import pairwise
 from typing import Protocol
+
+from kvspec.impl import host_types
+from kvspec.impl.stats import KVCacheEvictionEvent as KVCacheEvictionEvent
 
 __all__ = [
     "BlockMetricsState",
@@ -40,15 +42,6 @@ class InvalidSampleRateError(ValueError):
 class _HasBlockId(Protocol):
     @property
     def block_id(self) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class KVCacheEvictionEvent:
-    """What one sampled block did between allocation and eviction (all in seconds)."""
-
-    lifetime_seconds: float
-    idle_seconds: float
-    reuse_gaps_seconds: tuple[float, ...]
 
 
 class BlockMetricsState:
@@ -146,7 +139,7 @@ class KVCacheMetricsCollector:
         if state is None:
             return
         self._eviction_events.append(
-            KVCacheEvictionEvent(
+            host_types.KVCacheEvictionEvent(
                 lifetime_seconds=state.get_lifetime_seconds(),
                 idle_seconds=state.get_idle_time_seconds(),
                 reuse_gaps_seconds=tuple(state.get_reuse_gaps_seconds()),

@@ -26,13 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from impl import hashing as _hashing
-from impl.errors import (
+from kvspec.impl import hashing as _hashing
+from kvspec.impl.errors import (
     BlockNotFreeError as BlockNotFreeError,
     BlockOwnershipError as BlockOwnershipError,
     NoFreeBlocksError as NoFreeBlocksError,
 )
-from impl.hashing import (
+from kvspec.impl.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
     BlockHashWithGroupId,
@@ -50,7 +50,7 @@ from impl.hashing import (
 )
 
 if TYPE_CHECKING:
-    from impl.block_pool import BlockPool
+    from kvspec.impl.block_pool import BlockPool
 
 BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
 

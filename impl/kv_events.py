@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from impl.hashing import ExternalBlockHash
+from kvspec.impl.hashing import ExternalBlockHash
 
 __all__ = [
     "MEDIUM_GPU",

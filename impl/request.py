@@ -12,9 +12,9 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, SupportsIndex, TypeVar
+from typing import Any, NoReturn, Protocol, SupportsIndex, TypeVar
 
-from impl.hashing import BlockHash
+from kvspec.impl.hashing import BlockHash
 
 __all__ = [
     "ConstantList",
@@ -24,6 +24,7 @@ __all__ = [
     "PlaceholderRange",
     "ReadOnlyListError",
     "Request",
+    "RequestLike",
     "RequestStatus",
 ]
 
@@ -88,6 +89,44 @@ class ConstantList(list[T]):
 
     def __imul__(self, count: SupportsIndex) -> NoReturn:
         self._refuse(count)
+
+
+class RequestLike(Protocol):
+    """What impl reads of a request: this module's ``Request`` or vLLM's own
+    (``vllm.v1.request.Request``), which has the same fields; impl never checks the class."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+    @property
+    def num_preemptions(self) -> int: ...
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool: ...
+
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def block_hashes(self) -> list[BlockHash]: ...
+
+    @property
+    def lora_request(self) -> Any: ...
+
+    @property
+    def mm_features(self) -> Any: ...
+
+    @property
+    def cache_salt(self) -> str | None: ...
+
+    @property
+    def prompt_embeds(self) -> Any: ...
 
 
 class RequestStatus(enum.IntEnum):

@@ -24,26 +24,29 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast, overload
 
-from impl.block_pool import BlockPool
-from impl.errors import (
+from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.errors import (
     InvalidKVCacheConfig as InvalidKVCacheConfig,
     KVCacheManagerError as KVCacheManagerError,
     PrefixCachingNotSupported as PrefixCachingNotSupported,
     UnsupportedKVCacheSpec as UnsupportedKVCacheSpec,
 )
-from impl.hashing import BlockHash, BlockHashListWithBlockSize
-from impl.kv_cache_interface import (
+from kvspec.impl.hashing import BlockHash, BlockHashListWithBlockSize
+from kvspec.impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    KVCacheSpecLike,
     MambaSpec,
     MLAAttentionSpec,
     SinkFullAttentionSpec,
     SlidingWindowSpec,
+    as_kv_cache_spec,
+    spec_kind,
 )
-from impl.kv_cache_utils import KVCacheBlock
-from impl.request import Request
+from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.request import RequestLike
 
 BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
 
@@ -287,22 +290,25 @@ class SingleTypeKVCacheManager(ABC):
 
     def __init__(
         self,
-        kv_cache_spec: KVCacheSpec,
+        kv_cache_spec: KVCacheSpecLike,
         block_pool: BlockPool,
         kv_cache_group_id: int,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> None:
-        self._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
+        spec = as_kv_cache_spec(kv_cache_spec)
+        self._check_serves(spec, dcp_world_size, pcp_world_size)
         for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
             if type(size) is not int or size < 1:
                 raise InvalidKVCacheConfig(f"{name} must be a positive int, got {size!r}")
+        # The caller's spec as given (vLLM's own, in vLLM); impl computes with its equal spec.
         self.kv_cache_spec = kv_cache_spec
+        self.spec: KVCacheSpec = spec
         self.block_pool = block_pool
         self.kv_cache_group_id = kv_cache_group_id
         self.dcp_world_size = dcp_world_size
         self.pcp_world_size = pcp_world_size
-        self.block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        self.block_size = spec.block_size * dcp_world_size * pcp_world_size
         self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
         self.num_cached_block: dict[str, int] = {}
         self._null_block = block_pool.null_block
@@ -350,7 +356,7 @@ class SingleTypeKVCacheManager(ABC):
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         """Key the request's blocks that ``num_tokens`` tokens fill and are not keyed yet."""
         request_id = request.request_id
         num_full = num_tokens // self.block_size
@@ -367,8 +373,8 @@ class SingleTypeKVCacheManager(ABC):
         """Release the request's blocks, last block first (so the chain tail is evicted first)."""
         blocks = self.req_to_blocks.pop(request_id, None)
         if blocks:
-            blocks.reverse()
-            self.block_pool.free_blocks(blocks)
+            # A reversed copy: the caller may still hold this list (get_blocks returns it).
+            self.block_pool.free_blocks(blocks[::-1])
         self.num_cached_block.pop(request_id, None)
 
     # -- skipped (out-of-window) blocks --------------------------------------------------
@@ -429,7 +435,7 @@ class SingleTypeKVCacheManager(ABC):
         max_length: int,
         kv_cache_group_ids: list[int],
         block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
+        kv_cache_spec: KVCacheSpecLike,
         use_eagle: bool,
         alignment_tokens: int,
         dcp_world_size: int = 1,
@@ -438,12 +444,13 @@ class SingleTypeKVCacheManager(ABC):
         """Per group in ``kv_cache_group_ids``: the blocks of the longest cache hit within
         ``max_length`` tokens (the same length in every group): null blocks up to the first
         hit block, then the hits of ``[first, end)`` that ``_hit_range`` picks."""
-        cls._check_serves(kv_cache_spec, dcp_world_size, pcp_world_size)
-        block_size = kv_cache_spec.block_size
+        spec = as_kv_cache_spec(kv_cache_spec)
+        cls._check_serves(spec, dcp_world_size, pcp_world_size)
+        block_size = spec.block_size
         hits = _HitPattern(block_hashes, block_pool, kv_cache_group_ids)
         first, end = cls._hit_range(
             hits, _max_length_within(block_hashes, max_length, block_size), block_size,
-            kv_cache_spec, use_eagle, alignment_tokens,
+            spec, use_eagle, alignment_tokens,
         )
         return hits.blocks(first, end, len(kv_cache_group_ids), block_pool.null_block)
 
@@ -467,13 +474,13 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         max_length: int,
         kv_cache_group_ids: list[int],
         block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
+        kv_cache_spec: KVCacheSpecLike,
         use_eagle: bool,
         alignment_tokens: int,
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        block_size = kv_cache_spec.block_size * dcp_world_size * pcp_world_size
+        block_size = as_kv_cache_spec(kv_cache_spec).block_size * dcp_world_size * pcp_world_size
         max_blocks = min(max_length // block_size, len(block_hashes))
         hits = [block_pool.get_cached_prefix(block_hashes, group_id, max_blocks)
                 for group_id in kv_cache_group_ids]
@@ -502,7 +509,7 @@ class SinkFullAttentionManager(FullAttentionManager):
 
     def __init__(
         self,
-        kv_cache_spec: KVCacheSpec,
+        kv_cache_spec: KVCacheSpecLike,
         block_pool: BlockPool,
         kv_cache_group_id: int,
         dcp_world_size: int = 1,
@@ -510,7 +517,7 @@ class SinkFullAttentionManager(FullAttentionManager):
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
-        sink_len = getattr(kv_cache_spec, "sink_len", None)
+        sink_len = getattr(self.spec, "sink_len", None)
         if type(sink_len) is not int or sink_len <= 0 or sink_len % self.block_size:
             raise InvalidKVCacheConfig(
                 f"sink_len must be a positive multiple of the block size {self.block_size}, "
@@ -535,7 +542,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     def __init__(
         self,
-        kv_cache_spec: KVCacheSpec,
+        kv_cache_spec: KVCacheSpecLike,
         block_pool: BlockPool,
         kv_cache_group_id: int,
         dcp_world_size: int = 1,
@@ -543,7 +550,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
-        self.sliding_window = cast(SlidingWindowSpec, kv_cache_spec).sliding_window
+        self.sliding_window = cast(SlidingWindowSpec, self.spec).sliding_window
 
     @classmethod
     def _hit_range(
@@ -572,7 +579,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     def __init__(
         self,
-        kv_cache_spec: KVCacheSpec,
+        kv_cache_spec: KVCacheSpecLike,
         block_pool: BlockPool,
         kv_cache_group_id: int,
         dcp_world_size: int = 1,
@@ -581,7 +588,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
         self.attention_chunk_size = cast(ChunkedLocalAttentionSpec,
-                                         kv_cache_spec).attention_chunk_size
+                                         self.spec).attention_chunk_size
 
     @classmethod
     def _hit_range(
@@ -617,7 +624,7 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def __init__(
         self,
-        kv_cache_spec: KVCacheSpec,
+        kv_cache_spec: KVCacheSpecLike,
         block_pool: BlockPool,
         kv_cache_group_id: int,
         dcp_world_size: int = 1,
@@ -625,8 +632,8 @@ class MambaManager(SingleTypeKVCacheManager):
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
-        spec_blocks = cast(MambaSpec, kv_cache_spec).num_speculative_blocks
-        self.num_speculative_tokens = kv_cache_spec.block_size * spec_blocks
+        spec_blocks = cast(MambaSpec, self.spec).num_speculative_blocks
+        self.num_speculative_tokens = self.spec.block_size * spec_blocks
 
     @classmethod
     def _hit_range(
@@ -666,7 +673,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
                 f"request {request_id!r}"
             )
 
-    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         raise PrefixCachingNotSupported("Should not be called as prefix caching is disabled.")
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
@@ -679,7 +686,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         max_length: int,
         kv_cache_group_ids: list[int],
         block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
+        kv_cache_spec: KVCacheSpecLike,
         use_eagle: bool,
         alignment_tokens: int,
         dcp_world_size: int = 1,
@@ -708,10 +715,12 @@ spec_manager_map: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
 
 
 def get_manager_for_kv_cache_spec(
-    kv_cache_spec: KVCacheSpec, **kwargs: Any
+    kv_cache_spec: KVCacheSpecLike, **kwargs: Any
 ) -> SingleTypeKVCacheManager:
-    """The manager of ``kv_cache_spec``'s exact type (``UnsupportedKVCacheSpec`` if none)."""
-    manager_class = spec_manager_map.get(type(kv_cache_spec))
+    """The manager of ``kv_cache_spec``'s exact kind (``UnsupportedKVCacheSpec`` if none);
+    vLLM's spec objects are recognised by kind (``kv_cache_interface.spec_kind``)."""
+    kind = spec_kind(kv_cache_spec)
+    manager_class = None if kind is None else spec_manager_map.get(kind)
     if manager_class is None:
         raise UnsupportedKVCacheSpec(
             f"no KV-cache manager handles {type(kv_cache_spec).__name__} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from models.layout import (
+from kvspec.models.layout import (
     Figure,
     InvalidLayout,
     LayerLayout,
@@ -21,7 +21,7 @@ from models.layout import (
     layout_from_dict,
     list_models,
 )
-from models.plan import (
+from kvspec.models.plan import (
     GroupPlan,
     GroupSpec,
     InvalidMemorySize,
@@ -34,7 +34,7 @@ from models.plan import (
 )
 
 if TYPE_CHECKING:
-    from models.bridge import to_kv_cache_config
+    from kvspec.models.bridge import to_kv_cache_config
 
 __all__ = [
     "Figure",
@@ -62,7 +62,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The bridge imports impl/; load it only when asked for.
     if name == "to_kv_cache_config":
-        from models.bridge import to_kv_cache_config
+        from kvspec.models.bridge import to_kv_cache_config
 
         return to_kv_cache_config
     raise AttributeError(f"module 'models' has no attribute {name!r}")

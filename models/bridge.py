@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from impl.kv_cache_interface import (
+from kvspec.impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -14,8 +14,8 @@ from impl.kv_cache_interface import (
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
-from models.layout import ModelLayout
-from models.plan import (
+from kvspec.models.layout import ModelLayout
+from kvspec.models.plan import (
     GroupPlan,
     GroupSpec,
     InvalidPlanArgument,

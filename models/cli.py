@@ -1,7 +1,7 @@
 """``kvspec plan MODEL --memory 80GiB``: a model's KV-cache groups and what a budget holds.
 
 ``add_plan_parser(subparsers)`` adds the ``plan`` sub-command to an argparse parser (its
-handler is ``args.func``, i.e. ``run_plan``); ``python -m models.cli plan ...`` runs it alone.
+handler is ``args.func``, i.e. ``run_plan``); ``python -m kvspec.models.cli plan`` runs it alone.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from models.layout import InvalidLayout, ModelLayout, UnknownModelError, get_layout
-from models.plan import (
+from kvspec.models.layout import InvalidLayout, ModelLayout, UnknownModelError, get_layout
+from kvspec.models.plan import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     InvalidMemorySize,
     InvalidPlanArgument,
@@ -178,7 +178,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.cli")
+    parser = argparse.ArgumentParser(prog="python -m kvspec.models.cli")
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_plan_parser(subparsers)
     args = parser.parse_args(argv)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from models.layout import DTYPE_BYTES, InvalidLayout, LayerLayout, ModelLayout
+from kvspec.models.layout import DTYPE_BYTES, InvalidLayout, LayerLayout, ModelLayout
 
 __all__ = [
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",

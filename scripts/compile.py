@@ -1,4 +1,4 @@
-"""Compile impl.COMPILED_MODULES with mypyc (part of mypy) into C extensions beside them.
+"""Compile kvspec.impl.COMPILED_MODULES with mypyc (part of mypy) into C extensions beside them.
 
 ``python scripts/compile.py`` from the repo root (``make compile``; ``make setup`` runs it).
 Exits 0 without compiling, with a note, where there is no C compiler or Python headers: the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mypyc"
-GROUP = "impl.compiled"  # mypyc's shared library: impl/compiled__mypyc.*.so
+GROUP = "kvspec.impl.compiled"  # mypyc's shared library: impl/compiled__mypyc.*.so
 
 
 def compiled_files() -> list[Path]:
@@ -45,9 +45,10 @@ def main(argv: list[str]) -> int:
         print(f"compile: {missing.name} is not installed; impl/ stays pure Python")
         return 0
 
-    import impl
+    from kvspec import impl
 
-    sources = [f"impl/{m}.py" for m in impl.COMPILED_MODULES]
+    # Through the kvspec/impl link, so that mypyc names the modules kvspec.impl.*.
+    sources = [f"kvspec/impl/{m}.py" for m in impl.COMPILED_MODULES]
     BUILD.mkdir(parents=True, exist_ok=True)
     # A bare Distribution, not setup(): setup() would read the project's pyproject.toml.
     dist = Distribution({

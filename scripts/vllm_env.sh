@@ -85,6 +85,15 @@ pip_install() {
     fi
 }
 
+# kvspec itself, editable (edits show at once) and without dependencies (they are above):
+# this registers the `kvspec` command and the vLLM plugin entry point, and puts only the
+# `kvspec` import package on the path.
+install_kvspec() {
+    step "installing kvspec (editable, --no-deps) from $REPO_ROOT"
+    rm -f "$site_packages/kvspec-repo-root.pth"  # how earlier builds put the repo on the path
+    pip_install --quiet --no-deps -e "$REPO_ROOT"
+}
+
 check_env() {
     step "checking torch is still the CPU build ${TORCH_VERSION}"
     local torch_version
@@ -111,7 +120,7 @@ elapsed = time.perf_counter() - started
 import vllm  # noqa: E402  (already imported above; only read its version)
 
 import hypothesis, mypy_extensions, numpy, pytest  # noqa: E401,E402,F401
-import spec, impl  # noqa: E401,E402,F401  (the repo root is on the path via a .pth file)
+import kvspec.impl, kvspec.spec  # noqa: E401,E402,F401  (installed editable, below)
 
 if vllm.__version__ != expected_version:
     print(f"note: vllm reports {vllm.__version__}; the dependency pins are {expected_version}'s")
@@ -121,6 +130,9 @@ PYEOF
 
 if [[ -f "$STAMP" && -x "$PY" ]]; then
     step "$VENV exists; checking it (delete it to rebuild)"
+    site_packages="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    "$PY" -c 'import importlib.metadata as m, sys; sys.exit(not any(e.name == "kvspec" for e in m.entry_points(group="vllm.general_plugins")))' \
+        || install_kvspec
     check_env
     step "ok"
     exit 0
@@ -162,17 +174,12 @@ step "installing kvspec's conformance needs: ${KVSPEC_PACKAGES[*]}"
 pip_install --quiet -c "$CONSTRAINTS" "${KVSPEC_PACKAGES[@]}"
 
 site_packages="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-# The repo root on the path, so `import spec, impl` works without installing kvspec.
-printf '%s\n' "$REPO_ROOT" >"$site_packages/kvspec-repo-root.pth"
 # vLLM picks its platform at import time; this venv only has CPU torch, so default to cpu
 # (an exported VLLM_TARGET_DEVICE still wins).
 printf '%s\n' "import os; os.environ.setdefault('VLLM_TARGET_DEVICE', 'cpu')" \
     >"$site_packages/kvspec-vllm-cpu.pth"
 
-# `kvspec` from this interpreter, as the console script of an installed kvspec would be.
-printf '#!%s\nimport sys\n\nfrom spec.cli import main\n\nsys.exit(main())\n' "$PY" \
-    >"$VENV/bin/kvspec"
-chmod +x "$VENV/bin/kvspec"
+install_kvspec
 
 check_env
 "$PY" -m pip freeze --disable-pip-version-check >"$VENV/kvspec-freeze.txt" 2>/dev/null

@@ -32,8 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from spec import attention_rules as rules, pool as P
-from spec.pool import NULL_BLOCK, BlockId, PoolState
+from kvspec.spec import attention_rules as rules, pool as P
+from kvspec.spec.pool import NULL_BLOCK, BlockId, PoolState
 
 __all__ = [
     "BadAllocation",
@@ -725,7 +725,7 @@ INVARIANTS = (
 
 def violated(state: ManagerState, requests: Mapping[str, RequestView] | None = None) -> list[str]:
     """Names of the manager (and pool) invariants the state breaks."""
-    from spec import pool_invariants
+    from kvspec.spec import pool_invariants
 
     names = [inv.__name__ for inv in INVARIANTS if not inv(state)]
     if requests is not None:

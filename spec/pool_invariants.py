@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from spec.pool import NULL_BLOCK, BlockId, Cleared, PoolState, Removed, Stored, external_hash
+from kvspec.spec.pool import NULL_BLOCK, BlockId, Cleared, PoolState, Removed, Stored, external_hash
 
 
 def free_iff_unreferenced(state: PoolState) -> bool:

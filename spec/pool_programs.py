@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 
-from spec import (
+from kvspec.spec import (
     pool as model,
     pool_invariants,  # noqa: F401  (named by the contract below)
 )
-from spec.pool import PoolError, PoolState, Profile
+from kvspec.spec.pool import PoolError, PoolState, Profile
 
 _KEYS = (b"kvspec-key-0", b"kvspec-key-1")
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from spec.conformance.profiles import load_profile
+from kvspec.spec.conformance.profiles import load_profile
 
 load_profile()
 
@@ -14,7 +14,7 @@ load_profile()
 def pytest_configure(config: pytest.Config) -> None:
     name = os.environ.get("KVSPEC_MUTANT")
     if name:
-        import impl
+        from kvspec import impl
         from tests.mutants import plant
 
         if impl.COMPILED:

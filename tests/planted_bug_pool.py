@@ -6,8 +6,8 @@ tests/test_audit.py audits them to check that the audit reports a non-conforming
 
 from __future__ import annotations
 
-from impl.block_pool import BlockPool
-from impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.kv_cache_utils import KVCacheBlock
 
 
 class ReversedAllocationPool(BlockPool):

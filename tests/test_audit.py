@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from spec import pool_invariants
-from spec.cli import main
-from spec.conformance.audit import Draws, Pick, mutation_score
-from spec.conformance.pool_machine import BAD_CALLS
-from spec.conformance.vllm_targets import vllm_version
+from kvspec.cli import main
+from kvspec.spec import pool_invariants
+from kvspec.spec.conformance.audit import Draws, Pick, mutation_score
+from kvspec.spec.conformance.pool_machine import BAD_CALLS
+from kvspec.spec.conformance.vllm_targets import vllm_version
 
 BUGGY = "tests.planted_bug_pool:ReversedAllocationPool"
 
@@ -108,7 +108,7 @@ def test_contract_scope_leaves_out_bad_calls(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["--target", "no_such_package.pool:BlockPool"], "cannot import module"),
-    (["--target", "impl.block_pool:NoSuchClass"], "has no class"),
+    (["--target", "kvspec.impl.block_pool:NoSuchClass"], "has no class"),
     (["--target", "impl_pool"], "unknown target"),
     (["--target", "impl", "--profile", "vllm-9.9"], "invalid choice"),
     (["--target", "impl", "--budget", "-3"], "budget must be positive"),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from impl.block_table import (
+from kvspec.impl.block_table import (
     BlockIdError,
     BlockTable,
     BlockTableConfigError,
@@ -23,7 +23,7 @@ from impl.block_table import (
     RowIndexError,
     TokenBatchError,
 )
-from impl.utils import CpuGpuBuffer, CpuGpuBufferError
+from kvspec.impl.utils import CpuGpuBuffer, CpuGpuBufferError
 
 
 def small_table(kernel_block_size: int = 4) -> BlockTable:

@@ -23,8 +23,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from impl.block_table import BlockTableError, MultiGroupBlockTable
-from spec import block_table_model as model, slot_mapping as slots
+from kvspec.impl.block_table import BlockTableError, MultiGroupBlockTable
+from kvspec.spec import block_table_model as model, slot_mapping as slots
 
 NUM_ROWS = 3
 MAX_BLOCKS = 3

@@ -23,9 +23,9 @@ import pytest
 import xxhash as xxhash_module
 from hypothesis import event, given, strategies as st
 
-import impl.hashing as hashing
-from impl.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request
-from spec import hashing as spec_hashing
+import kvspec.impl.hashing as hashing
+from kvspec.impl.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request
+from kvspec.spec import hashing as spec_hashing
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

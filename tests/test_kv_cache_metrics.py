@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import event, given, strategies as st
 
-from impl.kv_cache_metrics import (
+from kvspec.impl.kv_cache_metrics import (
     BlockMetricsState,
     InvalidSampleRateError,
     KVCacheEvictionEvent,

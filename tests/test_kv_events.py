@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import event, given, strategies as st
 
-from impl.kv_events import (
+from kvspec.impl.kv_events import (
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,

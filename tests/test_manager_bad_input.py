@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from impl.hashing import get_request_block_hasher, sha256
-from impl.kv_cache_interface import (
+from kvspec.impl.hashing import get_request_block_hasher, sha256
+from kvspec.impl.kv_cache_interface import (
     CrossAttentionSpec,
     FullAttentionSpec,
     InvalidKVCacheSpec,
@@ -25,7 +25,7 @@ from impl.kv_cache_interface import (
     SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
-from impl.kv_cache_manager import (
+from kvspec.impl.kv_cache_manager import (
     InvalidAllocationError,
     InvalidKVCacheConfig,
     KVCacheBlocks,
@@ -34,8 +34,8 @@ from impl.kv_cache_manager import (
     UnknownRequestError,
     UnsupportedKVCacheSpec,
 )
-from spec import manager as model
-from spec.conformance.manager_machine import ImplManager, Layout, group_spec_of, view_of
+from kvspec.spec import manager as model
+from kvspec.spec.conformance.manager_machine import ImplManager, Layout, group_spec_of, view_of
 
 BS = 4
 
@@ -254,8 +254,8 @@ def test_conformance_target_refuses_alike() -> None:
 def test_refusals_work_under_python_dash_o() -> None:
     """No input check is an assert: -O strips asserts, and the errors must still come."""
     script = (
-        "from impl.kv_cache_interface import *\n"
-        "from impl.kv_cache_manager import KVCacheManager, Request, InvalidAllocationError\n"
+        "from kvspec.impl.kv_cache_interface import *\n"
+        "from kvspec.impl.kv_cache_manager import KVCacheManager, Request, InvalidAllocationError\n"
         "c = KVCacheConfig(8, (), (KVCacheGroupSpec(('l',), "
         "FullAttentionSpec(4, 1, 8, 'float16')),))\n"
         "m = KVCacheManager(c, max_model_len=64, hash_block_size=4)\n"

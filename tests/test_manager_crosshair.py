@@ -38,7 +38,7 @@ def test_spec_and_impl_rules_agree(rule: str) -> None:
     command = [
         sys.executable, "-m", "crosshair", "diffbehavior",
         "--exception_equivalence", "SAME_TYPE", "--per_condition_timeout", "3",
-        f"spec.attention_rules.{rule}", f"impl.single_type_kv_cache_manager.{rule}",
+        f"kvspec.spec.attention_rules.{rule}", f"kvspec.impl.single_type_kv_cache_manager.{rule}",
     ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120,
                             check=False)

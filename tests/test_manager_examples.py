@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from impl.hashing import get_request_block_hasher, sha256
-from impl.kv_cache_interface import (
+from kvspec.impl.hashing import get_request_block_hasher, sha256
+from kvspec.impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -20,15 +20,15 @@ from impl.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from impl.kv_cache_manager import KVCacheManager, Request
-from spec import manager as model, pool as pool_model
-from spec.conformance.manager_machine import (
+from kvspec.impl.kv_cache_manager import KVCacheManager, Request
+from kvspec.spec import manager as model, pool as pool_model
+from kvspec.spec.conformance.manager_machine import (
     ImplManager as Target,
     Layout,
     group_spec_of,
     view_of,
 )
-from spec.manager import ManagerConfig
+from kvspec.spec.manager import ManagerConfig
 
 BS = 2
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from hypothesis import event, given, strategies as st
 
-from impl.hashing import get_request_block_hasher, sha256
-from impl.kv_cache_interface import (
+from kvspec.impl.hashing import get_request_block_hasher, sha256
+from kvspec.impl.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     SlidingWindowSpec,
 )
-from impl.kv_cache_manager import KVCacheManager
-from impl.request import LoRARequest, Request
+from kvspec.impl.kv_cache_manager import KVCacheManager
+from kvspec.impl.request import LoRARequest, Request
 
 BS = 2
 SALTS = (None, "tenant-a", "tenant-b")

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from spec.conformance.manager_machine import HAND_LAYOUTS, ImplManager, machine_for, model_layout
+from kvspec.spec.conformance.manager_machine import (
+    HAND_LAYOUTS,
+    ImplManager,
+    machine_for,
+    model_layout,
+)
 
 HYBRID_LAYOUTS = (
     replace(HAND_LAYOUTS[0], blocks_per_group=(6, 12)),  # full + sliding window + Mamba

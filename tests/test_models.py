@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from hypothesis import event, given, strategies as st
 
-import models
-from impl.kv_cache_interface import (
+from kvspec import models
+from kvspec.impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -21,9 +21,9 @@ from impl.kv_cache_interface import (
     MLAAttentionSpec,
     SlidingWindowSpec,
 )
-from models import cli
-from models.bridge import to_kv_cache_config
-from models.layout import (
+from kvspec.models import cli
+from kvspec.models.bridge import to_kv_cache_config
+from kvspec.models.layout import (
     InvalidLayout,
     ModelLayout,
     UnknownModelError,
@@ -31,7 +31,7 @@ from models.layout import (
     layout_from_dict,
     list_models,
 )
-from models.plan import (
+from kvspec.models.plan import (
     InvalidMemorySize,
     InvalidPlanArgument,
     kv_cache_groups,
@@ -447,7 +447,7 @@ def test_plan_command_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plan_runs_as_a_module() -> None:
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run(
-        [sys.executable, "-m", "models.cli", "plan", "DeepSeek-V3", "--memory", "80GiB",
+        [sys.executable, "-m", "kvspec.models.cli", "plan", "DeepSeek-V3", "--memory", "80GiB",
          "--block-size", "64"],
         cwd=root, capture_output=True, text=True, check=False, timeout=60,
     )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from spec.conformance.explore import explore, maximal_traces, replay
-from spec.conformance.profiles import profile_name
-from spec.conformance.targets import VllmApiPool
-from spec.pool import Profile
+from kvspec.spec.conformance.explore import explore, maximal_traces, replay
+from kvspec.spec.conformance.profiles import profile_name
+from kvspec.spec.conformance.targets import VllmApiPool
+from kvspec.spec.pool import Profile
 
 # (blocks, depth): pools of 2-4 blocks are explored to closure; 5 blocks to a bounded depth.
 SCOPES = {

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import event, given, strategies as st
 
-import impl.hashing as hashing
-from impl.request import (
+import kvspec.impl.hashing as hashing
+from kvspec.impl.request import (
     ConstantList,
     InvalidRequestError,
     LoRARequest,

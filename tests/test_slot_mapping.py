@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
-from impl import block_table as impl_table, slot_mapping_triton
-from impl.block_table import BlockTable
-from spec import slot_mapping as spec
+from kvspec.impl import block_table as impl_table, slot_mapping_triton
+from kvspec.impl.block_table import BlockTable
+from kvspec.spec import slot_mapping as spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HAS_CUDA = torch.cuda.is_available()

@@ -42,8 +42,8 @@ from hypothesis.stateful import (
 )
 from hypothesis.strategies import DataObject, SearchStrategy
 
-from spec.conformance.vllm_targets import TargetError, pool_target
-from spec.pool import Profile
+from kvspec.spec.conformance.vllm_targets import TargetError, pool_target
+from kvspec.spec.pool import Profile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Written by `python -m tests.mutants`: one entry per mutant, with its checker and verdict.
@@ -78,7 +78,7 @@ class Layer:
 
 
 def _build_pool(target: str, profile: Profile) -> LayerMachine:
-    from spec.conformance import pool_machine
+    from kvspec.spec.conformance import pool_machine
 
     info = pool_target(target)
     return LayerMachine(pool_machine.machine_for(info.make, profile), info.pool_path, info.api,
@@ -87,18 +87,18 @@ def _build_pool(target: str, profile: Profile) -> LayerMachine:
 
 def _build_manager(target: str, profile: Profile) -> LayerMachine:
     try:
-        from spec.conformance import manager_machine
+        from kvspec.spec.conformance import manager_machine
     except ImportError as error:
         raise LayerUnavailable(f"no manager machine in this checkout ({error})") from error
     if profile is not Profile.V0_13:
         raise LayerUnavailable(f"the manager spec has no {profile.value} profile yet")
     if target == "impl":
         return LayerMachine(manager_machine.machine_for(manager_machine.ImplManager),
-                            "impl.kv_cache_manager:KVCacheManager",
+                            "kvspec.impl.kv_cache_manager:KVCacheManager",
                             "vLLM 0.13 KVCacheManager API")
     if target != "vllm":
         raise LayerUnavailable(f"no KVCacheManager adapter for target {target!r} yet")
-    from spec.conformance import vllm_targets
+    from kvspec.spec.conformance import vllm_targets
 
     if vllm_targets.vllm_version() is None:
         raise TargetError(vllm_targets._no_vllm_message())
@@ -600,7 +600,7 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
     """Audit every layer ``layer`` selects; the budget is shared equally among them."""
     import random
 
-    from spec.conformance.vllm_targets import vllm_version
+    from kvspec.spec.conformance.vllm_targets import vllm_version
 
     names = layers_for(layer, target)
     if seed_base is None:
@@ -808,7 +808,7 @@ Each call runs one rule of the conformance machine on the target and on the spec
 checks every invariant, exactly as the audit did.
 """
 
-from spec.conformance.audit import Draws, Pick, replay_machine
+from kvspec.spec.conformance.audit import Draws, Pick, replay_machine
 
 
 def test_counterexample() -> None:

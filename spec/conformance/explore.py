@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import permutations
 
-from spec import pool as model, pool_invariants
-from spec.conformance.targets import PoolTarget, view_of
-from spec.pool import NULL_BLOCK, PoolState, Profile
+from kvspec.spec import pool as model, pool_invariants
+from kvspec.spec.conformance.targets import PoolTarget, view_of
+from kvspec.spec.pool import NULL_BLOCK, PoolState, Profile
 
 MAX_REF = 2  # touch stops here, so ref counts stay bounded and the space finite
 

@@ -33,8 +33,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from spec import manager as model, pool as pool_model
-from spec.manager import GroupSpec, Kind, ManagerConfig, ManagerState, RequestView
+from kvspec.spec import manager as model, pool as pool_model
+from kvspec.spec.manager import GroupSpec, Kind, ManagerConfig, ManagerState, RequestView
 
 # --- What the machine sees of a target ---------------------------------------------------------
 
@@ -154,7 +154,7 @@ def spec_config(layout: Layout, kv_cache_config: Any, enable_caching: bool,
 def _shrink(kv_cache_config: Any, block_size: int, window: int, chunk: int,
             num_blocks: int) -> Any:
     """A real model's group structure with a tiny block size, window and chunk."""
-    from impl.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+    from kvspec.impl.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
     groups = []
     for group in kv_cache_config.kv_cache_groups:
@@ -174,7 +174,7 @@ def model_layout(model_name: str, block_size: int = 2, window: int = 5, chunk: i
 
     def build(num_blocks: int) -> Any:
         import models
-        from models.bridge import to_kv_cache_config
+        from kvspec.models.bridge import to_kv_cache_config
 
         config = to_kv_cache_config(models.get_layout(model_name), num_blocks=num_blocks,
                                     block_size=16)
@@ -188,7 +188,7 @@ def hand_layout(name: str, specs: Callable[[], Sequence[Any]], hash_block_size: 
     """A hand-built layout: one group per spec."""
 
     def build(num_blocks: int) -> Any:
-        from impl.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+        from kvspec.impl.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
         return KVCacheConfig(num_blocks, (), tuple(
             KVCacheGroupSpec((f"layer.{i}",), spec) for i, spec in enumerate(specs())
@@ -198,32 +198,32 @@ def hand_layout(name: str, specs: Callable[[], Sequence[Any]], hash_block_size: 
 
 
 def _full(bs: int, heads: int = 1) -> Any:
-    from impl.kv_cache_interface import FullAttentionSpec
+    from kvspec.impl.kv_cache_interface import FullAttentionSpec
 
     return FullAttentionSpec(bs, heads, 8, "float16")
 
 
 def _sliding(bs: int, window: int) -> Any:
-    from impl.kv_cache_interface import SlidingWindowSpec
+    from kvspec.impl.kv_cache_interface import SlidingWindowSpec
 
     return SlidingWindowSpec(bs, 1, 8, "float16", sliding_window=window)
 
 
 def _mamba(bs: int, speculative: int = 0) -> Any:
-    from impl.kv_cache_interface import MambaSpec
+    from kvspec.impl.kv_cache_interface import MambaSpec
 
     return MambaSpec(bs, shapes=((2, 3),), dtypes=("float16",),
                      num_speculative_blocks=speculative)
 
 
 def _sink(bs: int, sink_len: int) -> Any:
-    from impl.kv_cache_interface import SinkFullAttentionSpec
+    from kvspec.impl.kv_cache_interface import SinkFullAttentionSpec
 
     return SinkFullAttentionSpec(bs, 1, 8, "float16", sink_len=sink_len)
 
 
 def _chunked(bs: int, chunk: int) -> Any:
-    from impl.kv_cache_interface import ChunkedLocalAttentionSpec
+    from kvspec.impl.kv_cache_interface import ChunkedLocalAttentionSpec
 
     return ChunkedLocalAttentionSpec(bs, 1, 8, "float16", attention_chunk_size=chunk)
 
@@ -265,7 +265,7 @@ class ImplManager:
 
     def build(self, layout: Layout, num_blocks: int, enable_caching: bool,
               enable_events: bool) -> None:
-        from impl.kv_cache_manager import KVCacheManager
+        from kvspec.impl.kv_cache_manager import KVCacheManager
 
         self.hash_block_size = layout.hash_block_size
         self.manager = KVCacheManager(
@@ -276,8 +276,8 @@ class ImplManager:
 
     def add_request(self, request_id: str, prompt: Sequence[int], lora: int | None,
                     cache_salt: str | None) -> None:
-        from impl.hashing import get_request_block_hasher, sha256
-        from impl.request import LoRARequest, Request
+        from kvspec.impl.hashing import get_request_block_hasher, sha256
+        from kvspec.impl.request import LoRARequest, Request
 
         self.requests[request_id] = Request(
             request_id, list(prompt),
@@ -320,7 +320,7 @@ class ImplManager:
         return tuple(tuple(b.block_id for b in g) for g in result.blocks)
 
     def free(self, request_id: str) -> None:
-        from impl.request import Request
+        from kvspec.impl.request import Request
 
         request = self.requests.get(request_id) or Request(request_id, [0])
         self.manager.free(request)
@@ -341,7 +341,7 @@ class ImplManager:
         return float(self.manager.usage)
 
     def take_events(self) -> list[pool_model.Event]:
-        from impl.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+        from kvspec.impl.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
         converted: list[pool_model.Event] = []
         for item in self.manager.take_events():

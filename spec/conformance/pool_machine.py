@@ -27,9 +27,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from spec import pool as model, pool_invariants
-from spec.conformance.targets import PoolTarget, PoolView, view_of
-from spec.pool import NULL_BLOCK, PoolError, PoolState, Profile
+from kvspec.spec import pool as model, pool_invariants
+from kvspec.spec.conformance.targets import PoolTarget, PoolView, view_of
+from kvspec.spec.pool import NULL_BLOCK, PoolError, PoolState, Profile
 
 BLOCK_SIZE = 2
 NUM_FAMILIES = 2  # distinct prompt prefixes: few, so that keys repeat

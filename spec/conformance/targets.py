@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spec.pool import NULL_BLOCK, Cleared, Event, Key, PoolState, Removed, Stored
+from kvspec.spec.pool import NULL_BLOCK, Cleared, Event, Key, PoolState, Removed, Stored
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,8 @@ class VllmApiPool:
     ``block_module`` names where KVCacheBlock lives (for blocks foreign to the pool).
     """
 
-    def __init__(self, pool_path: str = "impl.block_pool:BlockPool",
-                 block_module: str = "impl.kv_cache_utils", name: str = "impl",
+    def __init__(self, pool_path: str = "kvspec.impl.block_pool:BlockPool",
+                 block_module: str = "kvspec.impl.kv_cache_utils", name: str = "impl",
                  hash_block_size: int = 2) -> None:
         module_name, _, class_name = pool_path.partition(":")
         self.pool_class: Any = getattr(importlib.import_module(module_name), class_name)
@@ -218,6 +218,6 @@ def target_from_name(name: str) -> VllmApiPool:
         try:
             importlib.import_module(block_module)
         except ImportError:
-            block_module = "impl.kv_cache_utils"
+            block_module = "kvspec.impl.kv_cache_utils"
         return VllmApiPool(name, block_module, name=name)
     raise LookupError(f"unknown target {name!r}: use impl, vllm or package.module:Class")

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec.conformance.targets import PoolTarget, PoolView, VllmApiPool
+from kvspec.spec.conformance.targets import PoolTarget, PoolView, VllmApiPool
 
 VLLM_POOL = "vllm.v1.core.block_pool:BlockPool"
-IMPL_POOL = "impl.block_pool:BlockPool"
+IMPL_POOL = "kvspec.impl.block_pool:BlockPool"
 
 
 class TargetError(LookupError):
@@ -169,7 +169,7 @@ def _block_module_for(pool_path: str) -> str:
             continue
         if hasattr(module, "KVCacheBlock"):
             return candidate
-    return "impl.kv_cache_utils"
+    return "kvspec.impl.kv_cache_utils"
 
 
 def pool_target(name: str) -> PoolTargetInfo:
@@ -243,7 +243,7 @@ def vllm_kv_cache_config(impl_config: Any) -> Any:
 
 def vllm_manager_013_target() -> Any:
     """A ManagerTarget driving vLLM 0.13's KVCacheManager (spec/conformance/manager_machine)."""
-    from spec.conformance.manager_machine import ImplManager
+    from kvspec.spec.conformance.manager_machine import ImplManager
 
     class VllmManager013(ImplManager):
         """vLLM 0.13's KVCacheManager behind the ManagerTarget interface: the calls and the
@@ -288,7 +288,7 @@ def vllm_manager_013_target() -> Any:
             self.manager.free(request)
 
         def take_events(self) -> list[Any]:
-            from spec.conformance.targets import spec_event
+            from kvspec.spec.conformance.targets import spec_event
 
             return [spec_event(e) for e in self.manager.take_events()]
 

@@ -13,7 +13,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from spec.conformance.profiles import profile_name
+from kvspec.spec.conformance.profiles import profile_name
 from tests.mutants import Mutant, catalogue
 
 # `kvspec audit` reads the mutation score from here.

@@ -16,7 +16,7 @@ TABLE_TESTS = "tests/test_block_table.py"
 
 def _row_stride_of_manager_blocks() -> None:
     """With kernel blocks, rows are addressed with the manager's width, not the kernel's."""
-    from impl.block_table import BlockTable
+    from kvspec.impl.block_table import BlockTable
 
     original = BlockTable.__init__
 
@@ -30,14 +30,14 @@ def _row_stride_of_manager_blocks() -> None:
 
 def _pad_with_zero() -> None:
     """Padding slots are 0 (a real slot of block 0) instead of -1."""
-    import impl.block_table
+    import kvspec.impl.block_table as block_table_module
 
-    impl.block_table.PAD_SLOT_ID = 0
+    block_table_module.PAD_SLOT_ID = 0
 
 
 def _cp_mask_ignores_interleave() -> None:
     """A token counts as local when ``offset % world == rank``, as if the interleave were 1."""
-    import impl.block_table
+    import kvspec.impl.block_table as block_table_module
 
     def cp_local_offset(
         offset: int, block_size: int, cp_world_size: int, cp_rank: int, interleave: int
@@ -46,22 +46,22 @@ def _cp_mask_ignores_interleave() -> None:
             return -1
         return (offset // (cp_world_size * interleave)) * interleave + offset % interleave
 
-    impl.block_table.cp_local_offset = cp_local_offset
+    block_table_module.cp_local_offset = cp_local_offset
 
 
 def _expansion_without_factor() -> None:
     """Manager block b becomes kernel blocks b .. b+k-1 instead of b*k .. b*k+k-1."""
-    import impl.block_table
+    import kvspec.impl.block_table as block_table_module
 
     def kernel_block_ids(block_ids: Any, blocks_per_kv_block: int) -> list[int]:
         return [block + j for block in block_ids for j in range(blocks_per_kv_block)]
 
-    impl.block_table.kernel_block_ids = kernel_block_ids
+    block_table_module.kernel_block_ids = kernel_block_ids
 
 
 def _no_row_bound_check() -> None:
     """Row indices are taken as they come (numpy wraps negative ones)."""
-    from impl.block_table import BlockTable
+    from kvspec.impl.block_table import BlockTable
 
     def check_row(self: BlockTable, row_idx: Any) -> int:
         return int(row_idx)
@@ -71,17 +71,17 @@ def _no_row_bound_check() -> None:
 
 def _stale_tail() -> None:
     """Slots past a shorter batch keep the previous batch's values (0.13's numpy path)."""
-    import impl.block_table
+    import kvspec.impl.block_table as block_table_module
 
     def pad_tail(slots: np.ndarray, start: int, stop: int) -> None:
         return None
 
-    impl.block_table._pad_tail = pad_tail
+    block_table_module._pad_tail = pad_tail
 
 
 def _swap_not_published() -> None:
     """swap_row swaps the host rows but forgets to mark them for the next commit."""
-    from impl.block_table import BlockTable
+    from kvspec.impl.block_table import BlockTable
 
     def swap_row(self: BlockTable, src: int, tgt: int) -> None:
         src_row, tgt_row = self._check_row(src), self._check_row(tgt)
@@ -101,7 +101,7 @@ def _swap_not_published() -> None:
 
 def _move_forgets_shadow() -> None:
     """move_row copies the table row but not its int64 slot shadow."""
-    from impl.block_table import BlockTable
+    from kvspec.impl.block_table import BlockTable
 
     def move_row(self: BlockTable, src: int, tgt: int) -> None:
         src_row, tgt_row = self._check_row(src), self._check_row(tgt)
@@ -116,7 +116,7 @@ def _move_forgets_shadow() -> None:
 
 def _triton_launch_covers_only_the_batch() -> None:
     """The Triton launch covers the batch's tokens only; the tail keeps stale slots."""
-    from impl import slot_mapping_triton
+    from kvspec.impl import slot_mapping_triton
 
     original = slot_mapping_triton.slot_mapping_triton
 

@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from impl import hashing
-from impl.hashing import BlockHash, BlockHashWithGroupId, HashFunction
-from impl.request import Request
+from kvspec.impl import hashing
+from kvspec.impl.hashing import BlockHash, BlockHashWithGroupId, HashFunction
+from kvspec.impl.request import Request
 from tests.mutants import Mutant
 
 HASHING_TESTS = "tests/test_hashing.py"
@@ -21,7 +21,7 @@ HASHING_TESTS = "tests/test_hashing.py"
 def _replace_everywhere(name: str, replacement: Any) -> None:
     original = getattr(hashing, name)
     for module_name, module in list(sys.modules.items()):
-        if module_name.startswith("impl") and getattr(module, name, None) is original:
+        if module_name.startswith("kvspec.impl") and getattr(module, name, None) is original:
             setattr(module, name, replacement)
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from impl import (
+from kvspec.impl import (
     kv_cache_coordinator as coord,
     kv_cache_manager as kvm,
     single_type_kv_cache_manager as stm,
 )
-from impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.kv_cache_utils import KVCacheBlock
 from tests.mutants import Mutant, replace
 
 MACHINE = "tests/test_manager_machine.py"

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from impl import block_pool as bp, kv_cache_utils as kcu
-from impl.block_pool import BlockPool
-from impl.hashing import BlockHash, BlockHashWithGroupId, maybe_convert_block_hash
-from impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
-from impl.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved
+from kvspec.impl import block_pool as bp, kv_cache_utils as kcu
+from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.hashing import BlockHash, BlockHashWithGroupId, maybe_convert_block_hash
+from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from kvspec.impl.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved
 from tests.mutants import Mutant, replace
 
 MACHINE = ("tests/test_pool_machine.py",)

@@ -118,7 +118,7 @@ class ProgressBar:
 
 def run_audit_command(args: argparse.Namespace) -> int:
     """Run ``audit`` for parsed ``args``."""
-    from spec.conformance.audit import (
+    from kvspec.spec.conformance.audit import (
         BaselineError,
         apply_baseline,
         read_baseline,
@@ -127,9 +127,9 @@ def run_audit_command(args: argparse.Namespace) -> int:
         write_counterexamples,
         write_json,
     )
-    from spec.conformance.profiles import load_profile
-    from spec.conformance.vllm_targets import TargetError
-    from spec.pool import Profile
+    from kvspec.spec.conformance.profiles import load_profile
+    from kvspec.spec.conformance.vllm_targets import TargetError
+    from kvspec.spec.pool import Profile
 
     load_profile()
     profile = Profile(args.profile)
@@ -181,7 +181,7 @@ def _warn_profile_mismatch(version: str | None, profile: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from models.cli import add_plan_parser
+    from kvspec.models.cli import add_plan_parser
 
     parser = argparse.ArgumentParser(
         prog="kvspec", description="kvspec: the executable spec of vLLM's paged KV-cache "

@@ -1,0 +1,177 @@
+"""kvspec inside vLLM: kvspec's KV-cache modules in place of vLLM's, switched on by one variable.
+
+Set-up, in an environment where vLLM 0.13 runs::
+
+    pip install 'kvspec[vllm]'
+    export VLLM_USE_KVSPEC=1
+
+vLLM runs every *general plugin* (entry-point group ``vllm.general_plugins``) once in each of
+its processes at start-up; kvspec's is ``register`` below. Without ``VLLM_USE_KVSPEC=1`` it does
+nothing, so installing kvspec never changes a vLLM that has not opted in (the switch follows
+the pattern of vLLM's own opt-in native block pool, ``VLLM_USE_RUST_BLOCK_POOL=1``).
+
+Switched on, ``install`` puts ``kvspec.impl``'s modules in place of vLLM's
+(``REPLACED_MODULES``): they become ``sys.modules[<vLLM's name>]``, so every later import gets
+kvspec's, and every name an already imported vLLM module took from one of vLLM's originals
+(the engine core imports ``get_kv_cache_configs`` and friends before plugins load; the
+scheduler imports ``KVCacheManager``) is rebound to kvspec's object of the same name. The
+classes kvspec builds for vLLM's callers (KV events, prefix-cache stats, eviction events) are
+bound to vLLM's own (``kvspec.impl.host_types``), so vLLM's code, tests and event consumers see
+their own types. A vLLM release kvspec has no profile for is refused with one line naming the
+supported ones, rather than run half-working.
+
+``python -m pytest -p kvspec.vllm_plugin ...`` installs kvspec before the test modules are
+imported (``make vllm-tests`` runs vLLM's own tests that way).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "ENV_SWITCH",
+    "REPLACED_MODULES",
+    "SUPPORTED_VLLM",
+    "UnsupportedVllmVersion",
+    "enabled",
+    "install",
+    "installed",
+    "register",
+]
+
+ENV_SWITCH = "VLLM_USE_KVSPEC"
+
+# vLLM's module -> kvspec's module that takes its place.
+REPLACED_MODULES: dict[str, str] = {
+    "vllm.v1.core.block_pool": "kvspec.impl.block_pool",
+    "vllm.v1.core.kv_cache_utils": "kvspec.impl.kv_cache_utils",
+    "vllm.v1.core.kv_cache_manager": "kvspec.impl.kv_cache_manager",
+    "vllm.v1.core.kv_cache_coordinator": "kvspec.impl.kv_cache_coordinator",
+    "vllm.v1.core.single_type_kv_cache_manager": "kvspec.impl.single_type_kv_cache_manager",
+    "vllm.v1.core.kv_cache_metrics": "kvspec.impl.kv_cache_metrics",
+    "vllm.v1.worker.block_table": "kvspec.impl.block_table",
+}
+
+# vLLM release series (major.minor) -> the spec profile kvspec's implementation follows there.
+SUPPORTED_VLLM: dict[str, str] = {"0.13": "vllm-0.13"}
+
+
+class UnsupportedVllmVersion(RuntimeError):
+    """The vLLM in this process is a release kvspec has no profile for."""
+
+
+_installed: dict[str, Any] = {}
+
+
+def enabled() -> bool:
+    """Whether ``VLLM_USE_KVSPEC`` asks for kvspec (1, true, yes or on)."""
+    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def installed() -> bool:
+    """Whether kvspec's modules are in place of vLLM's in this process."""
+    return bool(_installed)
+
+
+def register() -> None:
+    """vLLM's general-plugin hook: install kvspec when ``VLLM_USE_KVSPEC=1``, else nothing."""
+    if enabled():
+        install()
+
+
+def _vllm_version() -> str:
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        vllm = importlib.import_module("vllm")  # a source checkout without metadata
+        return str(getattr(vllm, "__version__", "unknown"))
+
+
+def _series(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def install() -> dict[str, Any]:
+    """Put kvspec's modules in place of vLLM's in this process (idempotent).
+
+    Returns what was done: the vLLM version, the profile, and the names rebound in vLLM's
+    already imported modules. Raises ``UnsupportedVllmVersion`` for a vLLM release without a
+    profile, before anything is changed.
+    """
+    if _installed:
+        return _installed
+    version = _vllm_version()
+    profile = SUPPORTED_VLLM.get(_series(version))
+    if profile is None:
+        supported = ", ".join(f"{series}.x" for series in SUPPORTED_VLLM)
+        raise UnsupportedVllmVersion(
+            f"kvspec's vLLM plugin supports vLLM {supported}; this is vLLM {version} "
+            f"(unset {ENV_SWITCH} to run vLLM's own KV-cache manager)"
+        )
+
+    from kvspec.impl import host_types
+
+    host_types.bind_vllm()
+    originals = {name: sys.modules.get(name) for name in REPLACED_MODULES}
+    replacements = {name: importlib.import_module(ours) for name, ours in REPLACED_MODULES.items()}
+    for name, module in replacements.items():
+        sys.modules[name] = module
+        parent_name, _, child = name.rpartition(".")
+        parent = sys.modules.get(parent_name)
+        if parent is not None:
+            setattr(parent, child, module)
+    rebound = _rebind_imported_names(originals, replacements)
+    _installed.update(vllm=version, profile=profile, rebound=rebound,
+                      modules=dict(REPLACED_MODULES))
+    return _installed
+
+
+def _rebind_imported_names(
+    originals: dict[str, ModuleType | None], replacements: dict[str, ModuleType]
+) -> list[str]:
+    """In every loaded vLLM module, point each name taken from a replaced original at kvspec's
+    object of the same name. Returns ``module.name`` of each rebinding."""
+    ours_by_id: dict[int, Any] = {}
+    for name, original in originals.items():
+        if original is None:
+            continue
+        replacement = replacements[name]
+        for attr, value in vars(original).items():
+            if attr.startswith("__") or not hasattr(replacement, attr):
+                continue
+            # Only what the original defines itself: a name it re-exports (a dataclass
+            # from kv_cache_interface, typing's helpers) is not kvspec's to replace.
+            if getattr(value, "__module__", None) == name:
+                ours_by_id[id(value)] = getattr(replacement, attr)
+    rebound = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("vllm.") or module_name in originals:
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            ours = ours_by_id.get(id(value))
+            if ours is not None and ours is not value:
+                namespace[attr] = ours
+                rebound.append(f"{module_name}.{attr}")
+    return sorted(rebound)
+
+
+# -- pytest: ``python -m pytest -p kvspec.vllm_plugin`` runs a test suite with kvspec in place
+
+
+def pytest_configure(config: Any) -> None:
+    info = install()
+    config.stash_kvspec = info  # for pytest_report_header
+
+
+def pytest_report_header(config: Any) -> str:
+    info = _installed
+    return (f"kvspec in place of vLLM {info.get('vllm')}'s KV-cache modules "
+            f"(profile {info.get('profile')})")
