@@ -6,7 +6,10 @@ four) accesses. The block pool calls ``on_block_allocated`` in ``get_new_blocks`
 ``on_block_accessed`` in ``touch``, ``on_block_evicted`` at the start of every eviction attempt
 and ``reset`` on a successful prefix-cache reset.
 
-The clock and the random source are injectable for deterministic tests.
+The clock and the random source are vLLM's by default, looked up when they are read:
+``time.monotonic_ns`` and the ``random`` module's shared generator, so ``random.seed`` and
+``unittest.mock.patch("time.monotonic_ns", ...)`` (as vLLM's tests do) act on impl as on
+vLLM. Both are also injectable (``clock=``, ``rng=``) for deterministic tests.
 """
 
 from __future__ import annotations
@@ -36,7 +39,17 @@ Clock = Callable[[], int]
 
 
 class InvalidSampleRateError(ValueError):
-    """A sample rate outside (0, 1]."""
+    """A sample rate outside (0, 1] (vLLM asserts instead)."""
+
+
+# Not ``time.monotonic_ns`` itself as the default: a default argument binds the function when
+# this module is imported, and a later patch of ``time.monotonic_ns`` would not reach it.
+def _monotonic_ns() -> int:
+    return time.monotonic_ns()
+
+
+def _shared_random() -> float:
+    return random.random()
 
 
 class _HasBlockId(Protocol):
@@ -49,7 +62,7 @@ class BlockMetricsState:
 
     __slots__ = ("_clock", "access_history", "birth_time_ns", "last_access_ns")
 
-    def __init__(self, clock: Clock = time.monotonic_ns) -> None:
+    def __init__(self, clock: Clock = _monotonic_ns) -> None:
         now_ns = clock()
         self._clock = clock
         self.birth_time_ns = now_ns
@@ -85,7 +98,7 @@ class KVCacheMetricsCollector:
         sample_rate: float = 0.01,
         *,
         rng: random.Random | None = None,
-        clock: Clock = time.monotonic_ns,
+        clock: Clock = _monotonic_ns,
     ) -> None:
         if (
             isinstance(sample_rate, bool)
@@ -95,7 +108,7 @@ class KVCacheMetricsCollector:
         ):
             raise InvalidSampleRateError(f"sample rate must be in (0, 1], got {sample_rate!r}")
         self.sample_rate = float(sample_rate)
-        self._random: Callable[[], float] = (rng or random.Random()).random
+        self._random: Callable[[], float] = _shared_random if rng is None else rng.random
         self._clock = clock
         self.block_metrics: dict[int, BlockMetricsState] = {}
         self._eviction_events: list[KVCacheEvictionEvent] = []

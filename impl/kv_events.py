@@ -1,18 +1,38 @@
-"""KV-cache events with vLLM 0.13's fields (``vllm/distributed/kv_events.py``), no msgspec.
+"""KV-cache events on vLLM 0.13's wire (``vllm/distributed/kv_events.py``): msgspec structs.
 
 The block pool queues one ``BlockStored`` per ``cache_full_blocks`` call that caches a block,
 one ``BlockRemoved`` per evicted key and one ``AllBlocksCleared`` per successful prefix-cache
-reset. Events are frozen, slotted dataclasses: equal when their fields are equal, and hashable
-(list fields are hashed as tuples) so that ``KVEventAggregator`` can count them across workers.
-Publishers (ZMQ) are out of scope.
+reset. Publishers (ZMQ) are out of scope; what matters is the bytes a publisher sends, which
+are vLLM's: ``msgspec.msgpack.Encoder().encode(KVEventBatch(...))`` of impl's events gives
+exactly the bytes vLLM's encoder gives for the same events, and each side's
+``msgspec.msgpack.Decoder(KVEventBatch)`` reads the other's. That takes the same struct
+options, the same class names, the same fields in the same order, and the same defaults:
+
+* every struct is ``array_like``: it encodes as a msgpack array of its fields in declaration
+  order, not a map (a map is what vLLM's decoder refuses with "Expected `array`, got
+  `object`"). msgspec writes every field of an array-like struct, ``omit_defaults`` or not:
+  an unset ``data_parallel_rank`` goes out as nil; decoders also accept the array without it;
+* events are tagged by class name, the tag first in the array::
+
+      KVEventBatch   [ts, [event, ...], data_parallel_rank]
+      BlockStored    ["BlockStored", block_hashes, parent_block_hash, token_ids,
+                      block_size, lora_id, medium]
+      BlockRemoved   ["BlockRemoved", block_hashes, medium]
+      AllBlocksCleared ["AllBlocksCleared"]
+
+  A block hash is an int or bytes (``ExternalBlockHash``) and keeps its msgpack type.
+
+Unlike vLLM's, impl's events are frozen: ``KVEventAggregator`` counts them in a ``Counter``,
+so they must not change while counted. Equal fields make equal events, and every event is
+hashable (list fields hash as tuples, as in vLLM; vLLM's ``AllBlocksCleared`` is unhashable).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from kvspec.impl.hashing import ExternalBlockHash
 
@@ -43,18 +63,27 @@ class InvalidEventsError(TypeError, ValueError):
     """
 
 
-@dataclass(frozen=True, slots=True)
-class KVCacheEvent:
-    """Base class of every KV-cache event."""
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Events published together, stamped with a time and optionally a data-parallel rank.
+
+    ``events`` is untyped here, as in vLLM: decoding a plain ``EventBatch`` gives each event
+    as its raw array; ``KVEventBatch`` decodes them into event structs.
+    """
+
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
 
 
-# The pool builds one event per eviction: the hand-written __init__ methods below store the
-# fields through the slot descriptors, about twice as fast as a frozen dataclass's own __init__
-# (which goes through object.__setattr__ per field).
+# gc=False: events hold only ints, bytes, strings and lists of them, never a cycle, so the
+# garbage collector need not track the one the pool builds per eviction. Subclasses inherit
+# every option; they repeat frozen=True only for type checkers (dataclass_transform).
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True,
+                   frozen=True):
+    """Base class of every KV-cache event; each subclass is tagged with its class name."""
 
 
-@dataclass(frozen=True, slots=True, init=False)
-class BlockStored(KVCacheEvent):
+class BlockStored(KVCacheEvent, frozen=True):
     """Blocks newly cached by one ``cache_full_blocks`` call, in chain order."""
 
     block_hashes: list[ExternalBlockHash]
@@ -63,22 +92,6 @@ class BlockStored(KVCacheEvent):
     block_size: int
     lora_id: int | None
     medium: str | None
-
-    def __init__(
-        self,
-        block_hashes: list[ExternalBlockHash],
-        parent_block_hash: ExternalBlockHash | None,
-        token_ids: list[int],
-        block_size: int,
-        lora_id: int | None,
-        medium: str | None,
-    ) -> None:
-        _stored_block_hashes(self, block_hashes)
-        _stored_parent_block_hash(self, parent_block_hash)
-        _stored_token_ids(self, token_ids)
-        _stored_block_size(self, block_size)
-        _stored_lora_id(self, lora_id)
-        _stored_medium(self, medium)
 
     def __hash__(self) -> int:
         return hash((
@@ -91,53 +104,24 @@ class BlockStored(KVCacheEvent):
         ))
 
 
-@dataclass(frozen=True, slots=True, init=False)
-class BlockRemoved(KVCacheEvent):
+class BlockRemoved(KVCacheEvent, frozen=True):
     """Keys evicted from the prefix cache (one per eviction in the pool)."""
 
     block_hashes: list[ExternalBlockHash]
     medium: str | None
 
-    def __init__(self, block_hashes: list[ExternalBlockHash], medium: str | None) -> None:
-        _removed_block_hashes(self, block_hashes)
-        _removed_medium(self, medium)
-
     def __hash__(self) -> int:
         return hash((tuple(self.block_hashes), self.medium))
 
 
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared(KVCacheEvent):
+class AllBlocksCleared(KVCacheEvent, frozen=True):
     """The whole prefix cache was reset."""
 
 
-def _slot_setter(cls: type, name: str) -> Callable[[object, Any], None]:
-    setter: Callable[[object, Any], None] = vars(cls)[name].__set__
-    return setter
-
-
-_stored_block_hashes = _slot_setter(BlockStored, "block_hashes")
-_stored_parent_block_hash = _slot_setter(BlockStored, "parent_block_hash")
-_stored_token_ids = _slot_setter(BlockStored, "token_ids")
-_stored_block_size = _slot_setter(BlockStored, "block_size")
-_stored_lora_id = _slot_setter(BlockStored, "lora_id")
-_stored_medium = _slot_setter(BlockStored, "medium")
-_removed_block_hashes = _slot_setter(BlockRemoved, "block_hashes")
-_removed_medium = _slot_setter(BlockRemoved, "medium")
-
-
-@dataclass(slots=True)
-class EventBatch:
-    """Events published together, stamped with a time and optionally a data-parallel rank."""
-
-    ts: float
-    events: list[KVCacheEvent]
-    data_parallel_rank: int | None = None
-
-
-@dataclass(slots=True)
 class KVEventBatch(EventBatch):
     """A batch of the KV-cache events the block pool emits."""
+
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
 class KVEventAggregator:
@@ -146,7 +130,7 @@ class KVEventAggregator:
     __slots__ = ("_event_counter", "_num_workers")
 
     def __init__(self, num_workers: int) -> None:
-        _check_worker_count(num_workers)
+        _check_worker_count(num_workers, "num_workers")
         self._event_counter: Counter[KVCacheEvent] = Counter()
         self._num_workers = num_workers
 
@@ -165,15 +149,18 @@ class KVEventAggregator:
         return [event for event, count in self._event_counter.items() if count == needed]
 
     def get_all_events(self) -> list[KVCacheEvent]:
-        """Every distinct event reported by any worker, in first-seen order."""
-        return list(self._event_counter)
+        """Every event reported, as often as it was reported, grouped in first-seen order.
+
+        With the repeats, one aggregator's events can be added to another (vLLM's connectors
+        combine per-worker aggregators that way) and still be counted right.
+        """
+        return list(self._event_counter.elements())
 
     def clear_events(self) -> None:
         self._event_counter.clear()
 
     def increment_workers(self, count: int = 1) -> None:
-        if type(count) is not int or count < 0:
-            raise InvalidWorkerCountError(f"worker increment must be an int >= 0, got {count!r}")
+        _check_worker_count(count, "worker increment")
         self._num_workers += count
 
     def reset_workers(self) -> None:
@@ -189,6 +176,6 @@ class KVEventAggregator:
         )
 
 
-def _check_worker_count(num_workers: object) -> None:
-    if type(num_workers) is not int or num_workers <= 0:
-        raise InvalidWorkerCountError(f"num_workers must be an int > 0, got {num_workers!r}")
+def _check_worker_count(count: object, what: str) -> None:
+    if type(count) is not int or count <= 0:
+        raise InvalidWorkerCountError(f"{what} must be an int > 0, got {count!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import event, given, strategies as st
@@ -127,3 +128,42 @@ def test_sampling_follows_the_rate() -> None:
     collector = KVCacheMetricsCollector(0.25, rng=random.Random(1234))
     collector.on_blocks_allocated(range(4000))
     assert 800 < len(collector.block_metrics) < 1200
+
+
+# --- the default clock and random source are vLLM's, read at call time -------------------------
+
+
+def test_default_clock_is_time_monotonic_ns_at_call_time() -> None:
+    """Patching ``time.monotonic_ns`` (as vLLM's own tests do) moves the collector's clock."""
+    collector = KVCacheMetricsCollector(1.0)
+    with patch("time.monotonic_ns", return_value=1 * SECOND):
+        collector.on_block_allocated(Block(0))
+        state = BlockMetricsState()
+    with patch("time.monotonic_ns", return_value=3 * SECOND):
+        collector.on_block_accessed(Block(0))
+    with patch("time.monotonic_ns", return_value=7 * SECOND):
+        collector.on_block_evicted(Block(0))
+        assert state.get_lifetime_seconds() == 6.0
+    assert collector.drain_events() == [
+        KVCacheEvictionEvent(lifetime_seconds=6.0, idle_seconds=4.0, reuse_gaps_seconds=())
+    ]
+    assert state.birth_time_ns == 1 * SECOND
+
+
+def test_default_sampling_draws_from_the_random_module() -> None:
+    """``random.seed`` and a patched ``random.random`` govern sampling, as in vLLM."""
+    with patch("random.random", return_value=0.5):
+        assert not KVCacheMetricsCollector(0.5).should_sample_block()
+        assert KVCacheMetricsCollector(0.50001).should_sample_block()
+    state = random.getstate()
+    try:
+        random.seed(99)
+        first = KVCacheMetricsCollector(0.3)
+        first.on_blocks_allocated(range(200))
+        random.seed(99)
+        second = KVCacheMetricsCollector(0.3)
+        second.on_blocks_allocated(range(200))
+    finally:
+        random.setstate(state)
+    assert first.block_metrics.keys() == second.block_metrics.keys()
+    assert 0 < len(first.block_metrics) < 200

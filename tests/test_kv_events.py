@@ -1,11 +1,22 @@
-"""KV-cache events: value semantics, vLLM 0.13 field order, and the multi-worker aggregator."""
+"""KV-cache events: value semantics, vLLM 0.13's wire format, and the multi-worker aggregator.
+
+The wire format is checked three ways: the msgpack layout written out by hand from vLLM 0.13's
+struct definitions, round trips through impl's own encoder and decoder, and, when
+``.venv-vllm-0.13.0`` exists, byte equality with vLLM's encoder and decoding in both
+directions (a subprocess running vLLM's interpreter).
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import ast
+import os
 import pickle
+import random
+import subprocess
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import event, given, strategies as st
 
@@ -22,21 +33,37 @@ from kvspec.impl.kv_events import (
     KVEventBatch,
 )
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = REPO_ROOT / ".venv-vllm-0.13.0" / "bin" / "python"
+
+ENCODER = msgspec.msgpack.Encoder()  # what vLLM's ZMQ publisher encodes with
+BATCH_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+
 
 def stored(*hashes: int, parent: int | None = None) -> BlockStored:
     return BlockStored(list(hashes), parent, [1, 2] * len(hashes), 2, None, MEDIUM_GPU)
 
 
 def test_field_order_matches_vllm_0_13() -> None:
-    assert [f.name for f in dataclasses.fields(BlockStored)] == [
+    assert BlockStored.__struct_fields__ == (
         "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-    ]
-    assert [f.name for f in dataclasses.fields(BlockRemoved)] == ["block_hashes", "medium"]
-    assert dataclasses.fields(AllBlocksCleared) == ()
-    assert [f.name for f in dataclasses.fields(EventBatch)] == [
-        "ts", "events", "data_parallel_rank",
-    ]
+    )
+    assert BlockRemoved.__struct_fields__ == ("block_hashes", "medium")
+    assert AllBlocksCleared.__struct_fields__ == ()
+    assert EventBatch.__struct_fields__ == ("ts", "events", "data_parallel_rank")
+    assert KVEventBatch.__struct_fields__ == EventBatch.__struct_fields__
     assert MEDIUM_GPU == "GPU"
+
+
+def test_struct_options_match_vllm_0_13() -> None:
+    for cls in (BlockStored, BlockRemoved, AllBlocksCleared):
+        config = cls.__struct_config__
+        assert (config.array_like, config.omit_defaults, config.gc) == (True, True, False)
+        assert config.tag == cls.__name__ and config.tag_field == "type"
+    for batch in (EventBatch, KVEventBatch):
+        config = batch.__struct_config__
+        assert (config.array_like, config.omit_defaults, config.gc, config.tag) == (
+            True, True, False, None)
 
 
 def test_positional_and_keyword_construction_agree() -> None:
@@ -66,9 +93,9 @@ def test_events_are_frozen_slotted_and_picklable() -> None:
         assert isinstance(item, KVCacheEvent)
         assert not hasattr(item, "__dict__")
         assert pickle.loads(pickle.dumps(item)) == item
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         stored(1).block_size = 3  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         BlockRemoved([1], "GPU").medium = None  # type: ignore[misc]
 
 
@@ -78,6 +105,161 @@ def test_event_batches() -> None:
     assert isinstance(batch, EventBatch)
     assert KVEventBatch(1.5, [stored(1)], 2) == KVEventBatch(ts=1.5, events=[stored(1)],
                                                              data_parallel_rank=2)
+
+
+# --- the wire format ---------------------------------------------------------------------------
+
+
+def test_batch_encodes_as_arrays_with_class_name_tags() -> None:
+    """The layout vLLM 0.13's structs give (array_like, tag=True), read back as plain msgpack."""
+    batch = KVEventBatch(
+        ts=2.25,
+        events=[
+            BlockStored([b"\xab" * 32, 7], None, [], 16, None, MEDIUM_GPU),
+            BlockStored([2**64 - 1], b"\x01", [5, 6], 2, 3, None),
+            BlockRemoved([9], MEDIUM_GPU),
+            AllBlocksCleared(),
+        ],
+    )
+    assert msgspec.msgpack.decode(ENCODER.encode(batch)) == [
+        2.25,
+        [
+            ["BlockStored", [b"\xab" * 32, 7], None, [], 16, None, "GPU"],
+            ["BlockStored", [2**64 - 1], b"\x01", [5, 6], 2, 3, None],
+            ["BlockRemoved", [9], "GPU"],
+            ["AllBlocksCleared"],
+        ],
+        None,  # array-like structs send their defaults too
+    ]
+    # An empty batch, byte for byte: fixarray(3), float64 ts, fixarray(0), positive fixint 4.
+    assert ENCODER.encode(KVEventBatch(1.0, [], 4)) == (
+        b"\x93\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\x90\x04")
+
+
+def test_decoder_accepts_a_batch_without_its_rank() -> None:
+    assert BATCH_DECODER.decode(msgspec.msgpack.encode([0.5, [["AllBlocksCleared"]]])) == (
+        KVEventBatch(0.5, [AllBlocksCleared()]))
+
+
+@pytest.mark.parametrize("wire", [
+    {"ts": 1.0, "events": []},  # a map: what a dataclass batch encodes to
+    [1.0, [["BlockMoved", [1], "GPU"]]],  # an unknown tag
+    [1.0, [["BlockRemoved", [1.5], "GPU"]]],  # a hash neither int nor bytes
+    [1.0, [["BlockStored", [1], None, [], 16, None]]],  # a field short
+])
+def test_decoder_refuses_what_vllm_refuses(wire: object) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        BATCH_DECODER.decode(msgspec.msgpack.encode(wire))
+
+
+BLOCK_HASHES = st.one_of(st.integers(0, 2**64 - 1), st.binary(min_size=1, max_size=32))
+EVENT_STRUCTS: st.SearchStrategy[BlockStored | BlockRemoved | AllBlocksCleared] = st.one_of(
+    st.builds(BlockStored, st.lists(BLOCK_HASHES, max_size=3), st.none() | BLOCK_HASHES,
+              st.lists(st.integers(0, 2**31 - 1), max_size=8), st.integers(1, 64),
+              st.none() | st.integers(1, 2**31 - 1), st.sampled_from([MEDIUM_GPU, None])),
+    st.builds(BlockRemoved, st.lists(BLOCK_HASHES, max_size=3),
+              st.sampled_from([MEDIUM_GPU, None])),
+    st.builds(AllBlocksCleared),
+)
+
+
+@given(ts=st.floats(allow_nan=False), events=st.lists(EVENT_STRUCTS, max_size=5),
+       rank=st.none() | st.integers(0, 64))
+def test_batches_round_trip(ts: float, events: list[Any], rank: int | None) -> None:
+    batch = KVEventBatch(ts, events, rank)
+    assert BATCH_DECODER.decode(ENCODER.encode(batch)) == batch
+    event(f"events: {len(events)}")
+
+
+# --- byte equality with vLLM 0.13 itself, when its environment is at hand -----------------------
+
+# Runs under vLLM 0.13's interpreter. Reads one Python literal: a list of
+# (ts, data_parallel_rank, [(event class name, *fields), ...], impl's bytes as hex).
+# Builds each batch from vLLM's own classes, checks vLLM's decoder reads impl's bytes as that
+# batch, and prints vLLM's bytes of each batch as hex, one "bytes" line each (vLLM logs to
+# stdout too).
+VLLM_SIDE = """
+import ast, sys
+import msgspec
+from vllm.distributed import kv_events
+encoder = msgspec.msgpack.Encoder()
+decoder = msgspec.msgpack.Decoder(kv_events.KVEventBatch)
+for ts, rank, events, impl_hex in ast.literal_eval(sys.stdin.read()):
+    batch = kv_events.KVEventBatch(
+        ts=ts, events=[getattr(kv_events, kind)(*fields) for kind, *fields in events],
+        data_parallel_rank=rank)
+    decoded = decoder.decode(bytes.fromhex(impl_hex))
+    assert decoded == batch, (decoded, batch)
+    print("bytes", encoder.encode(batch).hex())
+"""
+
+
+def wire_cases() -> list[KVEventBatch]:
+    """Hand-picked batches covering every field's shapes, then seeded random ones."""
+    sha = bytes(range(32))
+    cases = [
+        KVEventBatch(0.0, []),
+        KVEventBatch(1_732_000_000.123456, [
+            BlockStored([sha, 2**64 - 1, 0], None, [], 16, None, MEDIUM_GPU),
+            BlockStored([1], sha, [1, 2, 3], 3, 7, MEDIUM_GPU),
+            BlockStored([b"\x00"], 2**63, [2**31 - 1], 1, None, None),
+            BlockRemoved([sha], MEDIUM_GPU),
+            BlockRemoved([5, 6], None),
+            AllBlocksCleared(),
+        ], 3),
+        KVEventBatch(-2.5, [AllBlocksCleared(), AllBlocksCleared()], 0),
+    ]
+    rng = random.Random(2024)
+
+    def block_hash() -> int | bytes:
+        if rng.random() < 0.5:
+            return rng.randrange(2**64)
+        return rng.randbytes(rng.choice([8, 32]))
+
+    for _ in range(30):
+        events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
+        for _ in range(rng.randrange(6)):
+            kind = rng.randrange(3)
+            if kind == 0:
+                block_size = rng.choice([1, 2, 16])
+                num_blocks = rng.randrange(1, 4)
+                events.append(BlockStored(
+                    [block_hash() for _ in range(num_blocks)],
+                    rng.choice([None, block_hash()]),
+                    [rng.randrange(2**31) for _ in range(num_blocks * block_size)],
+                    block_size, rng.choice([None, rng.randrange(1, 100)]), MEDIUM_GPU))
+            elif kind == 1:
+                events.append(BlockRemoved([block_hash()], MEDIUM_GPU))
+            else:
+                events.append(AllBlocksCleared())
+        cases.append(KVEventBatch(rng.uniform(0, 2e9), events,
+                                  rng.choice([None, rng.randrange(8)])))
+    return cases
+
+
+def as_literal(batch: KVEventBatch) -> tuple[Any, ...]:
+    events = [(type(e).__name__, *(getattr(e, f) for f in e.__struct_fields__))
+              for e in batch.events]
+    return (batch.ts, batch.data_parallel_rank, events, ENCODER.encode(batch).hex())
+
+
+@pytest.mark.slow
+def test_events_are_byte_compatible_with_vllm_0_13_when_installed() -> None:
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no .venv-vllm-0.13.0 (make vllm-env VLLM=0.13.0 builds it)")
+    cases = wire_cases()
+    payload = repr([as_literal(batch) for batch in cases])
+    assert ast.literal_eval(payload) == [as_literal(batch) for batch in cases]  # lossless
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    proc = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SIDE], input=payload, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = [bytes.fromhex(line.removeprefix("bytes "))
+              for line in proc.stdout.splitlines() if line.startswith("bytes ")]
+    assert len(theirs) == len(cases)
+    for batch, their_bytes in zip(cases, theirs, strict=True):
+        assert ENCODER.encode(batch) == their_bytes
+        assert BATCH_DECODER.decode(their_bytes) == batch
 
 
 # --- aggregator --------------------------------------------------------------------------------
@@ -95,7 +277,7 @@ def test_aggregator_common_and_all_events() -> None:
     aggregator.add_events([stored(1), BlockRemoved([5], "GPU")])
     aggregator.add_events([stored(1), AllBlocksCleared()])
     assert aggregator.get_common_events() == [stored(1)]
-    assert aggregator.get_all_events() == [stored(1), BlockRemoved([5], "GPU"),
+    assert aggregator.get_all_events() == [stored(1), stored(1), BlockRemoved([5], "GPU"),
                                            AllBlocksCleared()]
     aggregator.clear_events()
     assert aggregator.get_all_events() == [] and aggregator.get_common_events() == []
@@ -104,6 +286,18 @@ def test_aggregator_common_and_all_events() -> None:
     aggregator.reset_workers()
     assert aggregator.get_number_of_workers() == 1
     assert "num_workers=1" in repr(aggregator)
+
+
+def test_aggregators_combine_through_all_events() -> None:
+    """A combined aggregator fed each worker aggregator's events counts as if fed directly."""
+    first, second = KVEventAggregator(1), KVEventAggregator(1)
+    first.add_events([stored(1), stored(2)])
+    second.add_events([stored(1)])
+    combined = KVEventAggregator(1)
+    combined.add_events(first.get_all_events())
+    combined.increment_workers(1)
+    combined.add_events(second.get_all_events())
+    assert combined.get_common_events() == [stored(1)]
 
 
 @pytest.mark.parametrize("bad", [(stored(1),), {stored(1)}, None, stored(1), [stored(1), 3]])
@@ -116,10 +310,11 @@ def test_aggregator_refuses_bad_events_and_changes_nothing(bad: Any) -> None:
     assert issubclass(InvalidEventsError, TypeError) and issubclass(InvalidEventsError, ValueError)
 
 
-def test_aggregator_refuses_a_negative_worker_increment() -> None:
+@pytest.mark.parametrize("count", [0, -1, 1.5, True])
+def test_aggregator_refuses_a_worker_increment_below_one(count: Any) -> None:
     aggregator = KVEventAggregator(3)
-    with pytest.raises(InvalidWorkerCountError):
-        aggregator.increment_workers(-1)
+    with pytest.raises(InvalidWorkerCountError, match=repr(count)):
+        aggregator.increment_workers(count)
     assert aggregator.get_number_of_workers() == 3
 
 
@@ -139,5 +334,5 @@ def test_common_events_are_those_every_worker_reported(num_workers: int,
         for item in report:
             counts[item] = counts.get(item, 0) + 1
     assert aggregator.get_common_events() == [e for e, c in counts.items() if c == num_workers]
-    assert aggregator.get_all_events() == list(counts)
+    assert aggregator.get_all_events() == [e for e, c in counts.items() for _ in range(c)]
     event(f"common events: {len(aggregator.get_common_events())}")

@@ -284,7 +284,7 @@ def stored_event_wrong_parent() -> None:
         if len(self.kv_event_queue) > before:
             stored = self.kv_event_queue[-1]
             wrong = maybe_convert_block_hash(request.block_hashes[num_cached])
-            self.kv_event_queue[-1] = type(stored)(  # type: ignore[call-arg]
+            self.kv_event_queue[-1] = type(stored)(
                 stored.block_hashes, wrong, stored.token_ids,  # type: ignore[attr-defined]
                 stored.block_size, stored.lora_id, stored.medium)  # type: ignore[attr-defined]
     replace(BlockPool, "cache_full_blocks", cache_full_blocks)
