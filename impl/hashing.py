@@ -62,6 +62,7 @@ __all__ = [
     "need_extra_keys",
     "sha256",
     "sha256_cbor",
+    "tensor_data",
     "xxhash",
     "xxhash_cbor",
 ]
@@ -333,14 +334,20 @@ def _mm_extra_keys(
     return keys, index
 
 
+def tensor_data(tensor: Any) -> memoryview:
+    """The raw bytes of a (CPU) torch tensor, any dtype (bf16 too), as a uint8 memoryview
+    (vLLM's ``tensor_data``, which ``kv_cache_utils`` re-exports)."""
+    import torch
+
+    data: memoryview = tensor.flatten().contiguous().view(torch.uint8).numpy().data
+    return data
+
+
 def _prompt_embeds_bytes(prompt_embeds: Any, start: int, end: int) -> bytes:
     """The raw bytes of rows ``[start, end)`` of a torch tensor or numpy array."""
     rows = prompt_embeds[start:end]
-    if hasattr(rows, "untyped_storage"):  # a torch tensor: view as bytes, any dtype (bf16 too)
-        import torch
-
-        flat = rows.flatten().contiguous().view(torch.uint8).cpu()
-        return bytes(flat.numpy().tobytes())
+    if hasattr(rows, "untyped_storage"):  # a torch tensor
+        return bytes(tensor_data(rows.cpu()))
     import numpy as np
 
     return bytes(np.ascontiguousarray(rows).tobytes())

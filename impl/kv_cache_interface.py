@@ -9,11 +9,18 @@ Mirrors ``vllm/v1/kv_cache_interface.py`` of vLLM 0.13 (field names, class hiera
   ``torch.float16`` ...) and is stored as its canonical string name (``"bfloat16"``), so this
   module never imports torch and ``FullAttentionSpec(..., dtype=torch.bfloat16) ==
   FullAttentionSpec(..., dtype="bfloat16")``. ``torch_dtype`` gives the ``torch.dtype`` back.
-* ``max_memory_usage_bytes`` takes the lengths it needs as integers instead of a
-  ``VllmConfig``.
+* ``max_memory_usage_bytes`` takes vLLM's ``VllmConfig`` (read duck-typed: the model's
+  ``max_model_len``, the scheduler's ``max_num_batched_tokens`` and
+  ``max_num_encoder_input_tokens``, the context-parallel sizes) as vLLM's does, or those
+  lengths as integers; each kind's rule is ``kvspec.models.plan.request_blocks``.
 
 Sequences given to ``KVCacheTensor``, ``KVCacheGroupSpec`` and ``KVCacheConfig`` are stored as
-tuples. Bad values raise ``InvalidKVCacheSpec`` (a ``ValueError``) naming the value.
+tuples. Bad values raise ``InvalidKVCacheSpec`` (a ``ValueError``) naming the value; specs that
+cannot merge raise its subclasses ``KVCacheSpecMismatch`` (where vLLM asserts) and
+``WindowSizeMismatch`` (where vLLM raises ``ValueError``).
+
+``EncoderOnlyAttentionSpec`` and ``UniformTypeKVCacheSpecs`` exist for planning
+(``kvspec.impl.kv_cache_planning``); as in vLLM, no manager serves them.
 
 vLLM's own spec and config objects (or a fork's) are accepted wherever impl takes a spec or a
 config: ``as_kv_cache_spec`` and ``as_kv_cache_config`` recognise them by what they are (the
@@ -25,15 +32,18 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Protocol, TypeVar
+
+from kvspec.models.plan import request_blocks
 
 __all__ = [
     "DTYPE_SIZES",
     "AttentionSpec",
     "ChunkedLocalAttentionSpec",
     "CrossAttentionSpec",
+    "EncoderOnlyAttentionSpec",
     "FullAttentionSpec",
     "InvalidKVCacheSpec",
     "KVCacheConfig",
@@ -42,22 +52,42 @@ __all__ = [
     "KVCacheGroupSpecLike",
     "KVCacheSpec",
     "KVCacheSpecLike",
+    "KVCacheSpecMismatch",
     "KVCacheTensor",
     "MLAAttentionSpec",
     "MambaSpec",
     "SinkFullAttentionSpec",
     "SlidingWindowSpec",
+    "UniformTypeKVCacheSpecs",
+    "UnsupportedKVCacheSpecType",
+    "WindowSizeMismatch",
     "as_kv_cache_config",
     "as_kv_cache_spec",
     "canonical_dtype",
     "dtype_size",
     "spec_fields",
+    "spec_is_a",
     "spec_kind",
 ]
 
 
 class InvalidKVCacheSpec(ValueError):
     """A KV-cache spec or config field has a value no KV cache can have."""
+
+
+class KVCacheSpecMismatch(InvalidKVCacheSpec):
+    """Specs that cannot stand for one KV-cache group: different kinds or shapes (vLLM's
+    ``merge`` asserts)."""
+
+
+class WindowSizeMismatch(InvalidKVCacheSpec):
+    """Full-attention specs carrying different sliding windows or chunk sizes (vLLM's
+    ``merge_window_sizes`` raises ``ValueError``)."""
+
+
+class UnsupportedKVCacheSpecType(InvalidKVCacheSpec, NotImplementedError):
+    """A spec kind ``UniformTypeKVCacheSpecs`` has no rule for (vLLM raises
+    ``NotImplementedError``)."""
 
 
 # Bytes per element of every dtype a KV cache or a Mamba state uses, by canonical name.
@@ -134,6 +164,72 @@ def _require_optional_positive(owner: object, name: str, value: object) -> None:
         _require_positive(owner, name, value)
 
 
+def spec_is_a(spec: object, class_name: str) -> bool:
+    """Whether ``spec``'s class is, or derives from, a class called ``class_name``: vLLM's
+    ``isinstance(spec, FullAttentionSpec)`` for a spec of any family (impl's, vLLM's, a
+    fork's), without importing vLLM."""
+    return any(cls.__name__ == class_name for cls in type(spec).__mro__)
+
+
+@dataclass(frozen=True)
+class _RequestLengths:
+    """What ``max_memory_usage_bytes`` reads from vLLM's ``VllmConfig``."""
+
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_encoder_tokens: int
+    decode_context_parallel_size: int = 1
+    prefill_context_parallel_size: int = 1
+
+    @classmethod
+    def of(
+        cls,
+        vllm_config: object,
+        max_num_batched_tokens: int | None,
+        max_num_encoder_tokens: int | None,
+    ) -> _RequestLengths:
+        """From a ``VllmConfig``, or from ``max_model_len`` as an int and the two lengths
+        (each defaulting to ``max_model_len``)."""
+        values: dict[str, object]
+        if isinstance(vllm_config, int) and not isinstance(vllm_config, bool):
+            values = {
+                "max_model_len": vllm_config,
+                "max_num_batched_tokens": (
+                    vllm_config if max_num_batched_tokens is None else max_num_batched_tokens
+                ),
+                "max_num_encoder_tokens": (
+                    vllm_config if max_num_encoder_tokens is None else max_num_encoder_tokens
+                ),
+            }
+        else:
+            model = getattr(vllm_config, "model_config", None)
+            scheduler = getattr(vllm_config, "scheduler_config", None)
+            parallel = getattr(vllm_config, "parallel_config", None)
+            values = {
+                "max_model_len": getattr(model, "max_model_len", None),
+                "max_num_batched_tokens": getattr(scheduler, "max_num_batched_tokens", None),
+                "max_num_encoder_tokens": getattr(
+                    scheduler, "max_num_encoder_input_tokens", None
+                ),
+                "decode_context_parallel_size": getattr(
+                    parallel, "decode_context_parallel_size", 1
+                ),
+                "prefill_context_parallel_size": getattr(
+                    parallel, "prefill_context_parallel_size", 1
+                ),
+            }
+        checked: dict[str, int] = {}
+        for name, value in values.items():
+            least = 0 if name == "max_num_encoder_tokens" else 1
+            if type(value) is not int or value < least:
+                raise InvalidKVCacheSpec(
+                    f"max_memory_usage_bytes needs {name} as an int >= {least}, got {value!r} "
+                    f"from {vllm_config!r}"
+                )
+            checked[name] = value
+        return cls(**checked)
+
+
 _SpecT = TypeVar("_SpecT", bound="KVCacheSpec")
 
 
@@ -142,6 +238,9 @@ class KVCacheSpec:
     """What one layer stores per KV-cache block. ``block_size`` is in tokens."""
 
     block_size: int
+
+    # models.plan.request_blocks kind: how many blocks a request holds at its peak.
+    _REQUEST_KIND: ClassVar[str] = "full"
 
     def __post_init__(self) -> None:
         _require_positive(self, "block_size", self.block_size)
@@ -158,24 +257,42 @@ class KVCacheSpec:
 
     def max_memory_usage_bytes(
         self,
-        max_model_len: int,
+        vllm_config: object,
         max_num_batched_tokens: int | None = None,
         max_num_encoder_tokens: int | None = None,
     ) -> int:
-        """Bytes one request of ``max_model_len`` tokens can need in one layer."""
-        _require_positive(self, "max_model_len", max_model_len)
-        return _cdiv(max_model_len, self.block_size) * self.page_size_bytes
+        """Bytes one request can hold in one layer at its peak, for vLLM's ``VllmConfig`` (or
+        ``max_model_len`` as an int; the other two lengths then default to it)."""
+        lengths = _RequestLengths.of(vllm_config, max_num_batched_tokens, max_num_encoder_tokens)
+        return self._request_blocks(lengths) * self.page_size_bytes
+
+    def _request_blocks(self, lengths: _RequestLengths) -> int:
+        return request_blocks(
+            self._REQUEST_KIND,
+            self.block_size,
+            lengths.max_model_len,
+            max_num_batched_tokens=lengths.max_num_batched_tokens,
+            num_encoder_tokens=lengths.max_num_encoder_tokens,
+            sliding_window=getattr(self, "sliding_window", None),
+            attention_chunk_size=getattr(self, "attention_chunk_size", None),
+        )
+
+    def copy_with_new_block_size(self: _SpecT, block_size: int) -> _SpecT:
+        """This spec with ``block_size`` tokens per block."""
+        return replace(self, block_size=block_size)
 
     @classmethod
     def merge(cls: type[_SpecT], specs: Sequence[_SpecT]) -> _SpecT:
-        """One spec standing for ``specs``, which must all be equal."""
+        """One spec standing for ``specs``, which must all be equal (``KVCacheSpecMismatch``
+        otherwise)."""
         if not specs:
-            raise InvalidKVCacheSpec("cannot merge an empty list of KV-cache specs")
+            raise KVCacheSpecMismatch("cannot merge an empty list of KV-cache specs")
         first = specs[0]
         for other in specs[1:]:
             if other != first:
-                raise InvalidKVCacheSpec(
-                    f"cannot merge different KV-cache specs: {first!r} and {other!r}"
+                raise KVCacheSpecMismatch(
+                    f"all layers of one KV-cache group must have the same spec: {first!r} and "
+                    f"{other!r} differ"
                 )
         return first
 
@@ -232,39 +349,62 @@ class FullAttentionSpec(AttentionSpec):
             * dtype_size(self.dtype)
         )
 
+    def _request_blocks(self, lengths: _RequestLengths) -> int:
+        # With context parallelism each rank keeps 1/cp of a request's tokens.
+        ranks = lengths.decode_context_parallel_size * lengths.prefill_context_parallel_size
+        if ranks > 1:
+            lengths = replace(lengths, max_model_len=_cdiv(lengths.max_model_len, ranks))
+        return super()._request_blocks(lengths)
+
+    @classmethod
+    def merge_window_sizes(cls, window_sizes: set[int]) -> int | None:
+        """The one window size of a group's layers, None if none has one;
+        ``WindowSizeMismatch`` if they differ."""
+        if len(window_sizes) > 1:
+            raise WindowSizeMismatch(
+                f"all attention layers of one KV-cache group must have the same window size, "
+                f"got {sorted(window_sizes)}"
+            )
+        return next(iter(window_sizes), None)
+
     @classmethod
     def merge(cls: type[_SpecT], specs: Sequence[_SpecT]) -> _SpecT:
         """Full-attention specs that differ only in sliding_window / attention_chunk_size
-        merge into one carrying the (single) non-None value of each."""
+        merge into one carrying the (single) non-None value of each (vLLM 0.13's order of
+        checks: kinds, then window sizes, then shapes, then windows of both sorts)."""
         if not specs:
-            raise InvalidKVCacheSpec("cannot merge an empty list of KV-cache specs")
+            raise KVCacheSpecMismatch("cannot merge an empty list of KV-cache specs")
         first = specs[0]
         if not isinstance(first, FullAttentionSpec):
             return super().merge(specs)
-        base = replace(first, sliding_window=None, attention_chunk_size=None)
-        windows: set[int] = set()
-        chunks: set[int] = set()
+        full: list[FullAttentionSpec] = []
         for spec in specs:
             if not isinstance(spec, FullAttentionSpec) or type(spec) is not type(first):
-                raise InvalidKVCacheSpec(f"cannot merge {first!r} with {spec!r}")
-            if replace(spec, sliding_window=None, attention_chunk_size=None) != base:
-                raise InvalidKVCacheSpec(
-                    f"cannot merge different KV-cache specs: {first!r} and {spec!r}"
+                raise KVCacheSpecMismatch(
+                    f"all layers of one KV-cache group must be {type(first).__name__}: cannot "
+                    f"merge {first!r} with {spec!r}"
                 )
-            if spec.sliding_window is not None:
-                windows.add(spec.sliding_window)
-            if spec.attention_chunk_size is not None:
-                chunks.add(spec.attention_chunk_size)
-        if len(windows) > 1 or len(chunks) > 1:
-            raise InvalidKVCacheSpec(
-                f"full-attention layers with different sliding windows {sorted(windows)} or "
-                f"chunk sizes {sorted(chunks)} cannot share a spec"
-            )
-        merged = replace(
-            base,
-            sliding_window=next(iter(windows), None),
-            attention_chunk_size=next(iter(chunks), None),
+            full.append(spec)
+        head = full[0]
+        sliding_window = head.merge_window_sizes(
+            {spec.sliding_window for spec in full if spec.sliding_window is not None}
         )
+        chunk_size = head.merge_window_sizes(
+            {spec.attention_chunk_size for spec in full if spec.attention_chunk_size is not None}
+        )
+        base = replace(head, sliding_window=None, attention_chunk_size=None)
+        for member in full:
+            if replace(member, sliding_window=None, attention_chunk_size=None) != base:
+                raise KVCacheSpecMismatch(
+                    f"all layers of one KV-cache group must have the same attention spec: "
+                    f"{first!r} and {member!r} differ"
+                )
+        if sliding_window is not None and chunk_size is not None:
+            raise KVCacheSpecMismatch(
+                f"a KV-cache group cannot hold both sliding-window (window {sliding_window}) "
+                f"and chunked local attention (chunk {chunk_size}) layers"
+            )
+        merged = replace(base, sliding_window=sliding_window, attention_chunk_size=chunk_size)
         return merged  # type: ignore[return-value,unused-ignore]
 
 
@@ -304,20 +444,11 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     attention_chunk_size: int
 
+    _REQUEST_KIND: ClassVar[str] = "chunked_local"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         _require_positive(self, "attention_chunk_size", self.attention_chunk_size)
-
-    def max_memory_usage_bytes(
-        self,
-        max_model_len: int,
-        max_num_batched_tokens: int | None = None,
-        max_num_encoder_tokens: int | None = None,
-    ) -> int:
-        _require_positive(self, "max_model_len", max_model_len)
-        batched = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
-        num_tokens = min(self.attention_chunk_size + batched, max_model_len)
-        return _cdiv(num_tokens, self.block_size) * self.page_size_bytes
 
 
 @dataclass(frozen=True)
@@ -327,21 +458,19 @@ class SlidingWindowSpec(AttentionSpec):
 
     sliding_window: int
 
+    _REQUEST_KIND: ClassVar[str] = "sliding_window"
+
     def __post_init__(self) -> None:
         super().__post_init__()
         _require_positive(self, "sliding_window", self.sliding_window)
 
-    def max_memory_usage_bytes(
-        self,
-        max_model_len: int,
-        max_num_batched_tokens: int | None = None,
-        max_num_encoder_tokens: int | None = None,
-    ) -> int:
-        _require_positive(self, "max_model_len", max_model_len)
-        batched = max_model_len if max_num_batched_tokens is None else max_num_batched_tokens
-        num_tokens = min(self.sliding_window - 1 + batched, max_model_len)
-        # +1: the window may start in the middle of a block.
-        return (_cdiv(num_tokens, self.block_size) + 1) * self.page_size_bytes
+    def _request_blocks(self, lengths: _RequestLengths) -> int:
+        if lengths.decode_context_parallel_size != 1:
+            raise InvalidKVCacheSpec(
+                f"sliding-window attention does not support decode context parallelism "
+                f"(decode_context_parallel_size={lengths.decode_context_parallel_size})"
+            )
+        return super()._request_blocks(lengths)
 
 
 @dataclass(frozen=True)
@@ -349,15 +478,15 @@ class CrossAttentionSpec(AttentionSpec):
     """Decoder-to-encoder cross-attention: K and V of the encoder output, written once.
     Never prefix-cached."""
 
-    def max_memory_usage_bytes(
-        self,
-        max_model_len: int,
-        max_num_batched_tokens: int | None = None,
-        max_num_encoder_tokens: int | None = None,
-    ) -> int:
-        num_tokens = max_model_len if max_num_encoder_tokens is None else max_num_encoder_tokens
-        _require_positive(self, "max_num_encoder_tokens", num_tokens)
-        return _cdiv(num_tokens, self.block_size) * self.page_size_bytes
+    _REQUEST_KIND: ClassVar[str] = "cross_attention"
+
+
+@dataclass(frozen=True)
+class EncoderOnlyAttentionSpec(AttentionSpec):
+    """An encoder-only attention layer: no KV cache outlives a step, so a request holds no
+    blocks (vLLM 0.13's ``EncoderOnlyAttentionSpec``; no manager serves it)."""
+
+    _REQUEST_KIND: ClassVar[str] = "encoder_only"
 
 
 @dataclass(frozen=True)
@@ -374,6 +503,10 @@ class MambaSpec(KVCacheSpec):
     page_size_padded: int | None = None
     mamba_type: str = "mamba2"
     num_speculative_blocks: int = 0
+
+    # vLLM 0.13: cdiv(max_model_len, block_size) blocks (one when the Mamba block is
+    # max_model_len tokens long, as without prefix caching); speculative blocks not counted.
+    _REQUEST_KIND: ClassVar[str] = "mamba"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -414,14 +547,93 @@ class MambaSpec(KVCacheSpec):
             return self.page_size_padded
         return self.unpadded_bytes
 
+
+@dataclass(frozen=True)
+class UniformTypeKVCacheSpecs(KVCacheSpec):
+    """Layers of one attention type (they hold the same token slots per request) whose pages
+    differ in size, as one KV-cache group: a block id names one page in each layer's own
+    tensor, so a block costs the sum of their pages (vLLM 0.13's ``UniformTypeKVCacheSpecs``).
+
+    ``kv_cache_specs`` maps each layer to its spec, of any family. Like vLLM's, it is not
+    hashable (it holds a dict), and no manager serves it: the scheduler gets one layer's spec
+    instead (``generate_scheduler_kv_cache_config``).
+    """
+
+    kv_cache_specs: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.kv_cache_specs, Mapping) or not self.kv_cache_specs:
+            raise InvalidKVCacheSpec(
+                f"UniformTypeKVCacheSpecs.kv_cache_specs must map layer names to specs, got "
+                f"{self.kv_cache_specs!r}"
+            )
+        odd = {name: spec.block_size for name, spec in self.kv_cache_specs.items()
+               if spec.block_size != self.block_size}
+        if odd:
+            raise InvalidKVCacheSpec(
+                f"UniformTypeKVCacheSpecs of block size {self.block_size} holds layers of "
+                f"other block sizes: {odd}"
+            )
+        object.__setattr__(self, "kv_cache_specs", dict(self.kv_cache_specs))
+
+    @property
+    def page_size_bytes(self) -> int:
+        return sum(spec.page_size_bytes for spec in self.kv_cache_specs.values())
+
     def max_memory_usage_bytes(
         self,
-        max_model_len: int,
+        vllm_config: object,
         max_num_batched_tokens: int | None = None,
         max_num_encoder_tokens: int | None = None,
     ) -> int:
-        _require_positive(self, "max_model_len", max_model_len)
-        return self.page_size_bytes * (1 + self.num_speculative_blocks)
+        # Every layer holds as many blocks as the layer that needs most. A foreign spec's
+        # method takes the config alone, so the two lengths go only to impl's specs.
+        def blocks(spec: Any) -> int:
+            if isinstance(spec, KVCacheSpec):
+                needed = spec.max_memory_usage_bytes(
+                    vllm_config, max_num_batched_tokens, max_num_encoder_tokens
+                )
+            else:
+                needed = spec.max_memory_usage_bytes(vllm_config)
+            return _cdiv(needed, spec.page_size_bytes)
+
+        return max(blocks(spec) for spec in self.kv_cache_specs.values()) * self.page_size_bytes
+
+    @classmethod
+    def is_uniform_type(cls, kv_cache_specs: Mapping[str, Any]) -> bool:
+        """Whether the layers of ``kv_cache_specs`` (specs of any family) are of one type:
+        one block size, and full attention (MLA included), cross-attention, sliding windows
+        of one size, chunks of one size, or Mamba with one speculative block count.
+        False for no layers; ``UnsupportedKVCacheSpecType`` for another kind."""
+        specs = list(kv_cache_specs.values())
+        if not specs or len({spec.block_size for spec in specs}) > 1:
+            return False
+        first = specs[0]
+        for kind, same in (
+            ("FullAttentionSpec", ()),
+            ("CrossAttentionSpec", ()),
+            ("SlidingWindowSpec", ("sliding_window",)),
+            ("ChunkedLocalAttentionSpec", ("attention_chunk_size",)),
+            ("MambaSpec", ("num_speculative_blocks",)),
+        ):
+            if spec_is_a(first, kind):
+                return all(
+                    spec_is_a(spec, kind)
+                    and all(getattr(spec, name) == getattr(first, name) for name in same)
+                    for spec in specs
+                )
+        raise UnsupportedKVCacheSpecType(
+            f"no uniform-type rule for {type(first).__name__}: {first!r}"
+        )
+
+    @classmethod
+    def from_specs(cls, kv_cache_specs: Mapping[str, Any]) -> UniformTypeKVCacheSpecs | None:
+        """One spec for all of ``kv_cache_specs`` if they are of one type, else None."""
+        if not cls.is_uniform_type(kv_cache_specs):
+            return None
+        block_size = next(iter(kv_cache_specs.values())).block_size
+        return cls(block_size=block_size, kv_cache_specs=dict(kv_cache_specs))
 
 
 @dataclass(frozen=True)

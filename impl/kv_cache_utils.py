@@ -1,4 +1,4 @@
-"""KV-cache blocks, the free-block queue, and (re-exported) prefix hashing.
+"""KV-cache blocks, the free-block queue, and (re-exported) prefix hashing and KV-cache planning.
 
 The fast free queue
 -------------------
@@ -47,6 +47,33 @@ from kvspec.impl.hashing import (
     make_block_hash_with_group_id,
     maybe_convert_block_hash,
     need_extra_keys,
+    tensor_data,
+)
+
+# vLLM 0.13's planning functions (and the private ones its tests call), kept in a module that
+# is not compiled: they run once at start-up on the caller's objects.
+from kvspec.impl.kv_cache_planning import (
+    _get_kv_cache_groups_uniform_page_size as _get_kv_cache_groups_uniform_page_size,
+    _get_kv_cache_groups_uniform_spec as _get_kv_cache_groups_uniform_spec,
+    _get_kv_cache_groups_uniform_type as _get_kv_cache_groups_uniform_type,
+    _report_kv_cache_config as _report_kv_cache_config,
+    check_enough_kv_cache_memory,
+    create_kv_cache_group_specs,
+    estimate_max_model_len,
+    generate_scheduler_kv_cache_config,
+    get_kv_cache_config_from_groups,
+    get_kv_cache_configs,
+    get_kv_cache_groups,
+    get_max_concurrency_for_kv_cache_config,
+    get_num_blocks,
+    get_uniform_page_size,
+    is_kv_cache_page_size_uniform,
+    is_kv_cache_spec_uniform,
+    is_kv_cache_type_attention_free,
+    max_memory_usage_bytes,
+    may_override_num_blocks,
+    unify_hybrid_kv_cache_specs,
+    unify_kv_cache_spec_page_size,
 )
 
 if TYPE_CHECKING:
@@ -65,16 +92,34 @@ __all__ = [
     "FreeKVCacheBlockQueue",
     "KVCacheBlock",
     "NoFreeBlocksError",
+    "check_enough_kv_cache_memory",
+    "create_kv_cache_group_specs",
+    "estimate_max_model_len",
     "generate_block_hash_extra_keys",
+    "generate_scheduler_kv_cache_config",
     "get_block_hash",
     "get_group_id",
     "get_hash_fn_by_name",
+    "get_kv_cache_config_from_groups",
+    "get_kv_cache_configs",
+    "get_kv_cache_groups",
+    "get_max_concurrency_for_kv_cache_config",
+    "get_num_blocks",
     "get_request_block_hasher",
+    "get_uniform_page_size",
     "hash_block_tokens",
     "init_none_hash",
+    "is_kv_cache_page_size_uniform",
+    "is_kv_cache_spec_uniform",
+    "is_kv_cache_type_attention_free",
     "make_block_hash_with_group_id",
+    "max_memory_usage_bytes",
+    "may_override_num_blocks",
     "maybe_convert_block_hash",
     "need_extra_keys",
+    "tensor_data",
+    "unify_hybrid_kv_cache_specs",
+    "unify_kv_cache_spec_page_size",
 ]
 
 

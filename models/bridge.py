@@ -1,4 +1,9 @@
-"""From a layout to impl's ``KVCacheConfig`` (vLLM 0.13's ``kv_cache_interface`` objects)."""
+"""From a layout to impl's ``KVCacheConfig`` (vLLM 0.13's ``kv_cache_interface`` objects).
+
+``to_kv_cache_config`` builds the config from ``models.plan``'s groups; ``to_kv_cache_specs``
+gives each layer's spec instead, the input of vLLM's own planning functions
+(``kvspec.impl.kv_cache_planning.get_kv_cache_configs``), which arrive at the same config.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +25,11 @@ from kvspec.models.plan import (
     GroupSpec,
     InvalidPlanArgument,
     kv_cache_groups,
+    layer_specs,
     num_blocks_for_memory,
 )
 
-__all__ = ["to_kv_cache_config", "to_kv_cache_spec"]
+__all__ = ["to_kv_cache_config", "to_kv_cache_spec", "to_kv_cache_specs"]
 
 
 def to_kv_cache_spec(spec: GroupSpec) -> KVCacheSpec:
@@ -59,6 +65,15 @@ def to_kv_cache_spec(spec: GroupSpec) -> KVCacheSpec:
             f"impl says {result.page_size_bytes}"
         )
     return result
+
+
+def to_kv_cache_specs(
+    layout: ModelLayout, block_size: int = 16, *, mamba_block_size: int | None = None
+) -> dict[str, KVCacheSpec]:
+    """Each layer's impl spec, by layer name in layer order, as vLLM 0.13's model runner
+    reports them (``get_kv_cache_spec``) once attention and Mamba pages are aligned."""
+    specs, _ = layer_specs(layout, block_size, mamba_block_size=mamba_block_size)
+    return {name: to_kv_cache_spec(spec) for name, spec in specs}
 
 
 def _config_from_groups(groups: GroupPlan, num_blocks: int) -> KVCacheConfig:

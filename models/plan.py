@@ -14,7 +14,7 @@ What is modelled (vLLM 0.13, ``kv_cache_utils.get_kv_cache_groups`` and
 4. Otherwise page sizes are unified (a smaller attention page has its block size multiplied by
    ``max_page // page``; anything else is rejected), layers are bucketed by equal spec in order
    of first appearance, and each bucket is cut into groups of ``group_size`` layers, where
-   ``group_size`` is the smallest bucket (or the largest, when that is under 1.5 times the
+   ``group_size`` is the smallest bucket (or the largest, when that is under 1.25 times the
    smallest: less padding). A bucket of ``n`` layers becomes ``g = cdiv(n, group_size)``
    groups, the ``k``-th taking every ``g``-th layer from ``k``.
 5. Memory: ``group_size`` tensors (one per position in a group) each hold ``num_blocks`` pages,
@@ -23,18 +23,30 @@ What is modelled (vLLM 0.13, ``kv_cache_utils.get_kv_cache_groups`` and
    Block 0 is the null block, so ``num_blocks - 1`` blocks hold data.
 6. A request of ``n`` tokens needs, per group (vLLM's ``max_memory_usage_bytes`` in blocks):
    full / MLA ``cdiv(n, bs)``; sliding window ``cdiv(min(w - 1 + B, n), bs) + 1``; chunked
-   local ``cdiv(min(c + B, n), bs)``; Mamba 1; cross-attention ``cdiv(encoder_len, bs)``,
-   where ``B`` is ``max_num_batched_tokens`` (the chunked-prefill step).
+   local ``cdiv(min(c + B, n), bs)``; cross-attention ``cdiv(encoder_len, bs)``; Mamba
+   ``cdiv(n, bs)``, which is 1 here: without prefix caching vLLM makes a Mamba block
+   ``max_model_len`` tokens long. ``B`` is ``max_num_batched_tokens`` (the chunked-prefill
+   step).
 
-Not modelled: layers of one kind with different shapes (vLLM's ``UniformTypeKVCacheSpecs``),
-the hybrid allocator switched off, context parallelism, fp8/quantised KV caches, speculative
-Mamba blocks, pipeline parallelism.
+Steps 4 and 5, the request sizes of step 6, the binary search for the longest request and the
+concurrency figure are written once, over any spec type, in the last section of this module
+(``unify_page_sizes``, ``split_into_groups``, ``tensor_sharing``, ``num_blocks_for``,
+``request_blocks``, ``longest_fitting``, ``max_concurrency``): ``kv_cache_groups`` below applies
+them to a layout's ``GroupSpec``s, and ``kvspec.impl.kv_cache_planning`` (vLLM 0.13's
+``get_kv_cache_configs`` and friends) to the spec objects of vLLM's callers.
+
+Not modelled by ``kv_cache_groups`` (``impl.kv_cache_planning`` handles them for spec objects):
+layers of one kind with different shapes (vLLM's ``UniformTypeKVCacheSpecs``), the hybrid
+allocator switched off, context parallelism. Not modelled anywhere: fp8/quantised KV caches,
+speculative Mamba blocks, pipeline parallelism.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from kvspec.models.layout import DTYPE_BYTES, InvalidLayout, LayerLayout, ModelLayout
 
@@ -46,12 +58,21 @@ __all__ = [
     "InvalidPlanArgument",
     "KVCacheGroup",
     "MemoryPlan",
+    "PageSizeNotUnifiable",
     "format_bytes",
     "kv_cache_groups",
+    "layer_specs",
+    "longest_fitting",
+    "max_concurrency",
     "max_context_tokens",
+    "num_blocks_for",
     "num_blocks_for_memory",
     "parse_memory",
     "plan_memory",
+    "request_blocks",
+    "split_into_groups",
+    "tensor_sharing",
+    "unify_page_sizes",
 ]
 
 # vLLM's default chunked-prefill step for online serving.
@@ -59,8 +80,10 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # Block-size steps of the attention kernels when sizing a page for a Mamba state.
 _KERNEL_BLOCK_ALIGNMENT = 16
 _MLA_KERNEL_BLOCK_ALIGNMENT = 64
-# A bucket this much larger than the smallest still sets the group size (vLLM's heuristic).
-_GROUP_SIZE_SLACK = 1.5
+# A bucket less than this much larger than the smallest sets the group size instead (vLLM
+# 0.13's heuristic: 12 sliding + 13 full layers make two groups of 13, one padding slot,
+# rather than groups of 12 and a second full group of one).
+_GROUP_SIZE_SLACK = 1.25
 
 
 class InvalidPlanArgument(ValueError):
@@ -69,6 +92,12 @@ class InvalidPlanArgument(ValueError):
 
 class InvalidMemorySize(InvalidPlanArgument):
     """A memory size string or value cannot be read as a positive number of bytes."""
+
+
+class PageSizeNotUnifiable(InvalidLayout, NotImplementedError):
+    """Layers whose pages cannot be made one size by growing block sizes (a page that does not
+    divide the largest, or a Mamba page, which does not grow with its block size). A
+    ``NotImplementedError`` too, as vLLM raises."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -124,17 +153,19 @@ class GroupSpec:
         self, num_tokens: int, max_num_batched_tokens: int, num_encoder_tokens: int
     ) -> int:
         """Blocks of this group one request of ``num_tokens`` tokens can hold at once."""
-        bs = self.block_size
-        if self.kind in ("full", "mla"):
-            return _cdiv(num_tokens, bs)
-        if self.kind == "sliding_window" and self.sliding_window is not None:
-            held = min(self.sliding_window - 1 + max_num_batched_tokens, num_tokens)
-            return _cdiv(held, bs) + 1  # the window may start mid-block
-        if self.kind == "chunked_local" and self.attention_chunk_size is not None:
-            return _cdiv(min(self.attention_chunk_size + max_num_batched_tokens, num_tokens), bs)
-        if self.kind == "cross_attention":
-            return _cdiv(num_encoder_tokens, bs)
-        return 1  # mamba: the whole state in one block
+        if self.kind == "mamba":
+            # The plan models Mamba without prefix caching, where vLLM 0.13 makes a Mamba block
+            # max_model_len tokens long: one block per request, whatever ``block_size`` says.
+            return 1
+        return request_blocks(
+            self.kind,
+            self.block_size,
+            num_tokens,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_encoder_tokens=num_encoder_tokens,
+            sliding_window=self.sliding_window,
+            attention_chunk_size=self.attention_chunk_size,
+        )
 
     def describe(self) -> str:
         """A short human-readable form, e.g. ``sliding_window(window=1024, 16 x 128, bfloat16)``."""
@@ -201,11 +232,8 @@ class GroupPlan:
         """``(size_bytes, shared_by)`` of each KV-cache tensor: tensor ``i`` holds layer ``i``
         of every group that has one."""
         return tuple(
-            (
-                self.page_size_bytes * num_blocks,
-                tuple(g.layer_names[i] for g in self.groups if i < len(g.layer_names)),
-            )
-            for i in range(self.layers_per_block)
+            (self.page_size_bytes * num_blocks, tuple(shared_by))
+            for shared_by in tensor_sharing([g.layer_names for g in self.groups])
         )
 
 
@@ -224,10 +252,15 @@ def _layer_spec(layer: LayerLayout, block_size: int) -> GroupSpec:
     )
 
 
-def _layer_specs(
-    layout: ModelLayout, block_size: int, mamba_block_size: int | None
+def layer_specs(
+    layout: ModelLayout, block_size: int = 16, *, mamba_block_size: int | None = None
 ) -> tuple[list[tuple[str, GroupSpec]], list[str]]:
-    """Each layer's spec, with vLLM's attention/Mamba page alignment applied."""
+    """Each layer's spec, in layer order, with vLLM's attention/Mamba page alignment applied
+    (module docstring, 1-2; what vLLM's model runner reports per layer), and the adjustments
+    made, in words."""
+    _require_positive_int("block_size", block_size)
+    if mamba_block_size is not None:
+        _require_positive_int("mamba_block_size", mamba_block_size)
     mamba_layers = [layer for layer in layout.layers if layer.kind == "mamba"]
     attention_layers = [layer for layer in layout.layers if layer.is_attention]
     adjustments: list[str] = []
@@ -277,10 +310,7 @@ def kv_cache_groups(
     layout: ModelLayout, block_size: int = 16, *, mamba_block_size: int | None = None
 ) -> GroupPlan:
     """How vLLM 0.13 groups ``layout``'s layers into KV-cache groups (module docstring, 1-4)."""
-    _require_positive_int("block_size", block_size)
-    if mamba_block_size is not None:
-        _require_positive_int("mamba_block_size", mamba_block_size)
-    specs, adjustments = _layer_specs(layout, block_size, mamba_block_size)
+    specs, adjustments = layer_specs(layout, block_size, mamba_block_size=mamba_block_size)
     distinct = {spec for _, spec in specs}
     if len(distinct) == 1:
         spec = specs[0][1]
@@ -294,43 +324,34 @@ def kv_cache_groups(
             "UniformTypeKVCacheSpecs) are not modelled"
         )
 
-    max_page = max(spec.page_size_bytes for spec in distinct)
-    unified: list[tuple[str, GroupSpec]] = []
-    rescaled: dict[GroupSpec, GroupSpec] = {}
-    for name, spec in specs:
-        page = spec.page_size_bytes
-        if page != max_page:
-            if spec.kind == "mamba" or max_page % page:
-                raise InvalidLayout(
-                    f"model {layout.name!r}: layer {name!r} has a {page:,}-byte page that cannot "
-                    f"be grown to the largest page ({max_page:,} B)"
-                )
-            if spec not in rescaled:
-                rescaled[spec] = replace(spec, block_size=spec.block_size * (max_page // page))
-                adjustments.append(
-                    f"{spec.kind} block size raised {spec.block_size} -> "
-                    f"{rescaled[spec].block_size} tokens to match the largest page"
-                )
-            spec = rescaled[spec]
-        unified.append((name, spec))
+    try:
+        unified = unify_page_sizes(
+            specs,
+            page_size=lambda spec: spec.page_size_bytes,
+            scale_block_size=lambda spec, ratio: replace(
+                spec, block_size=spec.block_size * ratio
+            ),
+        )
+    except PageSizeNotUnifiable as error:
+        raise PageSizeNotUnifiable(f"model {layout.name!r}: {error}") from None
+    rescaled: set[GroupSpec] = set()
+    for (_, spec), (_, grown) in zip(specs, unified, strict=True):
+        if grown is not spec and spec not in rescaled:
+            rescaled.add(spec)
+            adjustments.append(
+                f"{spec.kind} block size raised {spec.block_size} -> {grown.block_size} "
+                "tokens to match the largest page"
+            )
 
-    buckets: dict[GroupSpec, list[str]] = {}
-    for name, spec in unified:
-        buckets.setdefault(spec, []).append(name)
-    sizes = [len(names) for names in buckets.values()]
-    group_size = min(sizes)
-    if max(sizes) < group_size * _GROUP_SIZE_SLACK:
-        group_size = max(sizes)
     groups: list[KVCacheGroup] = []
-    for spec, names in buckets.items():
-        num_groups = _cdiv(len(names), group_size)
-        for k in range(num_groups):
-            groups.append(KVCacheGroup(len(groups), tuple(names[k::num_groups]), spec))
+    for spec, bucket_groups in split_into_groups(unified):
+        for names in bucket_groups:
+            groups.append(KVCacheGroup(len(groups), tuple(names), spec))
     return GroupPlan(
         layout.name,
         block_size,
         tuple(groups),
-        max_page,
+        unified[0][1].page_size_bytes,
         max(len(g.layer_names) for g in groups),
         tuple(adjustments),
     )
@@ -340,7 +361,7 @@ def num_blocks_for_memory(groups: GroupPlan, memory_bytes: int) -> int:
     """Blocks ``memory_bytes`` of KV cache holds (vLLM's ``get_num_blocks``), null block
     included."""
     _require_positive_int("memory_bytes", memory_bytes)
-    return memory_bytes // groups.bytes_per_block
+    return num_blocks_for(memory_bytes, groups.page_size_bytes, groups.layers_per_block)
 
 
 def max_context_tokens(
@@ -359,16 +380,7 @@ def max_context_tokens(
         needed = groups.blocks_per_request(num_tokens, max_num_batched_tokens, num_encoder_tokens)
         return needed <= usable_blocks
 
-    if not fits(1):
-        return 0
-    low, high = 1, max_model_len  # fits(low) holds; blocks needed never shrink as n grows
-    while low < high:
-        middle = (low + high + 1) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle - 1
-    return low
+    return longest_fitting(fits, max_model_len)
 
 
 @dataclass(frozen=True)
@@ -405,8 +417,9 @@ class MemoryPlan:
 
     @property
     def max_concurrency(self) -> float:
-        """Requests of ``max_model_len`` tokens that fit at once."""
-        return self.usable_blocks / self.blocks_per_max_request
+        """Requests of ``max_model_len`` tokens that fit at once in the usable blocks (vLLM's
+        logged figure divides all ``num_blocks``, the null block included)."""
+        return max_concurrency(self.usable_blocks, self.blocks_per_max_request)
 
     @property
     def context_limited_by(self) -> str:
@@ -453,6 +466,153 @@ def plan_memory(
             model_len, max_num_batched_tokens, encoder_tokens
         ),
     )
+
+
+# --- vLLM 0.13's planning arithmetic over any spec type ------------------------------------
+#
+# Shared by kv_cache_groups above (GroupSpec) and kvspec.impl.kv_cache_planning (the spec
+# objects of vLLM's callers, impl's or vLLM's own). A spec only needs to be hashable and equal
+# to the specs of layers that may share a group; page sizes and block-size changes come in as
+# functions, so each caller keeps its own spec classes.
+
+SpecT = TypeVar("SpecT", bound=Hashable)
+
+
+def unify_page_sizes(
+    named_specs: Sequence[tuple[str, SpecT]],
+    page_size: Callable[[SpecT], int],
+    scale_block_size: Callable[[SpecT, int], SpecT],
+) -> list[tuple[str, SpecT]]:
+    """``(layer, spec)`` pairs with one page size: a spec whose page is smaller than the largest
+    gets its block size multiplied by ``largest // page`` (``scale_block_size(spec, ratio)``
+    builds it); other specs are kept as they are (the same objects).
+
+    Raises ``PageSizeNotUnifiable`` when a page does not divide the largest, or growing the
+    block size does not give the largest page (a Mamba state does not grow with it).
+    """
+    pages = [page_size(spec) for _, spec in named_specs]
+    if len(set(pages)) <= 1:
+        return list(named_specs)
+    largest = max(pages)
+    unified: list[tuple[str, SpecT]] = []
+    grown: dict[SpecT, SpecT] = {}
+    for (name, spec), page in zip(named_specs, pages, strict=True):
+        if page != largest:
+            if spec not in grown:
+                ratio, remainder = divmod(largest, page)
+                bigger = scale_block_size(spec, ratio)
+                if remainder or page_size(bigger) != largest:
+                    raise PageSizeNotUnifiable(
+                        f"layer {name!r} has a {page:,}-byte page that cannot be grown to the "
+                        f"largest page ({largest:,} B) by a whole multiple of its block size"
+                    )
+                grown[spec] = bigger
+            spec = grown[spec]
+        unified.append((name, spec))
+    return unified
+
+
+def split_into_groups(
+    named_specs: Sequence[tuple[str, SpecT]],
+) -> list[tuple[SpecT, list[list[str]]]]:
+    """vLLM 0.13's grouping of layers whose specs share one page size (module docstring, 4).
+
+    Layers are bucketed by equal spec, in order of first appearance; each bucket of ``n``
+    layers is cut into ``cdiv(n, group_size)`` groups, the ``k``-th taking every
+    ``cdiv(n, group_size)``-th layer from ``k``. Returns each bucket's spec (its first layer's)
+    and its groups' layer names.
+    """
+    buckets: dict[SpecT, list[str]] = {}  # keyed by the first layer's spec object
+    for name, spec in named_specs:
+        buckets.setdefault(spec, []).append(name)
+    if not buckets:
+        return []
+    sizes = [len(names) for names in buckets.values()]
+    group_size = min(sizes)
+    if max(sizes) < group_size * _GROUP_SIZE_SLACK:
+        group_size = max(sizes)
+    # Strided, not consecutive: with pipeline parallelism each stage holds a slice of every
+    # group's layers, and consecutive cuts would leave one stage's groups unevenly full.
+    split: list[tuple[SpecT, list[list[str]]]] = []
+    for spec, names in buckets.items():
+        num_groups = _cdiv(len(names), group_size)
+        split.append((spec, [names[k::num_groups] for k in range(num_groups)]))
+    return split
+
+
+def tensor_sharing(group_layer_names: Sequence[Sequence[str]]) -> list[list[str]]:
+    """The layers sharing each KV-cache tensor: tensor ``i`` holds layer ``i`` of every group
+    that has one (a block id names the same page in all of them)."""
+    width = max((len(names) for names in group_layer_names), default=0)
+    return [[names[i] for names in group_layer_names if i < len(names)] for i in range(width)]
+
+
+def num_blocks_for(memory_bytes: float, page_size_bytes: int, num_layers: int) -> int:
+    """Blocks ``memory_bytes`` holds when a block id costs one page in each of ``num_layers``
+    tensors (vLLM's ``get_num_blocks``; 0 for no or negative memory)."""
+    if page_size_bytes <= 0 or num_layers <= 0:
+        raise InvalidPlanArgument(
+            f"page size ({page_size_bytes!r}) and layers per block ({num_layers!r}) must be "
+            "positive"
+        )
+    return max(int(memory_bytes // page_size_bytes // num_layers), 0)
+
+
+def request_blocks(
+    kind: str,
+    block_size: int,
+    num_tokens: int,
+    *,
+    max_num_batched_tokens: int,
+    num_encoder_tokens: int,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
+) -> int:
+    """Blocks one layer of ``kind`` holds for a request of ``num_tokens`` tokens at its peak
+    (module docstring, 6): vLLM 0.13's ``max_memory_usage_bytes`` in pages.
+
+    Kinds: ``full``, ``mla``, ``sliding_window``, ``chunked_local``, ``cross_attention``,
+    ``mamba`` and ``encoder_only`` (no KV cache kept between steps: 0).
+    """
+    if kind in ("full", "mla", "mamba"):
+        return _cdiv(num_tokens, block_size)
+    if kind == "sliding_window" and sliding_window is not None:
+        held = min(sliding_window - 1 + max_num_batched_tokens, num_tokens)
+        return _cdiv(held, block_size) + 1  # the window may start mid-block
+    if kind == "chunked_local" and attention_chunk_size is not None:
+        return _cdiv(min(attention_chunk_size + max_num_batched_tokens, num_tokens), block_size)
+    if kind == "cross_attention":
+        return _cdiv(num_encoder_tokens, block_size)
+    if kind == "encoder_only":
+        return 0
+    raise InvalidPlanArgument(
+        f"no request size for a {kind!r} layer (sliding_window={sliding_window!r}, "
+        f"attention_chunk_size={attention_chunk_size!r})"
+    )
+
+
+def longest_fitting(fits: Callable[[int], bool], upper: int) -> int:
+    """The largest ``n`` in ``[1, upper]`` with ``fits(n)``, or 0 when ``fits(1)`` is false.
+    ``fits`` must be monotone: once false, false for every larger ``n`` (a binary search)."""
+    if not fits(1):
+        return 0
+    low, high = 1, upper  # fits(low) holds
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def max_concurrency(num_blocks: int, blocks_per_request: int) -> float:
+    """Requests of ``blocks_per_request`` blocks that ``num_blocks`` blocks hold at once."""
+    if blocks_per_request <= 0:
+        raise InvalidPlanArgument(
+            f"a request holds {blocks_per_request!r} blocks: concurrency is unbounded"
+        )
+    return num_blocks / blocks_per_request
 
 
 # --- memory sizes --------------------------------------------------------------------------
