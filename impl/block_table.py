@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvspec.impl import slot_mapping_triton
+from kvspec.impl import host_types, slot_mapping_triton
 from kvspec.impl.utils import CpuGpuBuffer
 
 PAD_SLOT_ID = -1
@@ -254,6 +254,19 @@ def _positive(name: str, value: int) -> int:
     return int(value)
 
 
+def _context_parallel(
+    pcp_world_size: int | None, pcp_rank: int | None,
+    dcp_world_size: int | None, dcp_rank: int | None,
+) -> tuple[int, int, int, int]:
+    """The given context-parallel layout, the process's (``host_types``: one rank, or vLLM's
+    process groups inside vLLM) for whatever is not given."""
+    pcp, pcp_r, dcp, dcp_r = host_types.context_parallel_layout()
+    return (pcp if pcp_world_size is None else pcp_world_size,
+            pcp_r if pcp_rank is None else pcp_rank,
+            dcp if dcp_world_size is None else dcp_world_size,
+            dcp_r if dcp_rank is None else dcp_rank)
+
+
 class BlockTable:
     """One KV-cache group's block table and slot mapping (vLLM 0.13 API)."""
 
@@ -268,13 +281,15 @@ class BlockTable:
         kernel_block_size: int,
         cp_kv_cache_interleave_size: int = 1,
         *,
-        pcp_world_size: int = 1,
-        pcp_rank: int = 0,
-        dcp_world_size: int = 1,
-        dcp_rank: int = 0,
+        pcp_world_size: int | None = None,
+        pcp_rank: int | None = None,
+        dcp_world_size: int | None = None,
+        dcp_rank: int | None = None,
         num_blocks: int | None = None,
         slot_mapping_backend: str = "auto",
     ) -> None:
+        pcp_world_size, pcp_rank, dcp_world_size, dcp_rank = _context_parallel(
+            pcp_world_size, pcp_rank, dcp_world_size, dcp_rank)
         block_size = _positive("block_size", block_size)
         kernel_block_size = _positive("kernel_block_size", kernel_block_size)
         max_num_reqs = _positive("max_num_reqs", max_num_reqs)
@@ -936,13 +951,15 @@ class MultiGroupBlockTable:
         cp_kv_cache_interleave_size: int = 1,
         *,
         max_num_blocks: list[int] | None = None,
-        pcp_world_size: int = 1,
-        pcp_rank: int = 0,
-        dcp_world_size: int = 1,
-        dcp_rank: int = 0,
+        pcp_world_size: int | None = None,
+        pcp_rank: int | None = None,
+        dcp_world_size: int | None = None,
+        dcp_rank: int | None = None,
         num_blocks: int | None = None,
         slot_mapping_backend: str = "auto",
     ) -> None:
+        pcp_world_size, pcp_rank, dcp_world_size, dcp_rank = _context_parallel(
+            pcp_world_size, pcp_rank, dcp_world_size, dcp_rank)
         if len(kernel_block_sizes) != len(block_sizes):
             raise BlockTableConfigError(
                 f"{len(kernel_block_sizes)} kernel block sizes for {len(block_sizes)} groups"

@@ -384,6 +384,41 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             for spec, group_ids in self.attention_types
         ]
 
+    def verify_and_split_kv_cache_groups(self) -> None:
+        """vLLM 0.13's view of a hybrid config as one full-attention type and one other type:
+        sets ``full_attention_group_ids``, ``other_group_ids``, ``full_attention_spec``,
+        ``other_spec``, their block sizes and manager classes, and ``full_attn_first``.
+
+        kvspec's lookup does not need it (it takes any number of types, in any group order);
+        it is here for callers of vLLM's API. Raises ``InvalidKVCacheConfig`` where 0.13's
+        split does not apply: not exactly two types, or their group ids interleaved.
+        """
+        full = [(spec, ids) for spec, ids in self.attention_types if _is_full_attention(spec)]
+        other = [(spec, ids) for spec, ids in self.attention_types if not _is_full_attention(spec)]
+        if len(full) != 1 or len(other) != 1:
+            raise InvalidKVCacheConfig(
+                f"vLLM 0.13's hybrid split needs one full-attention spec and one other spec, "
+                f"got {[spec for spec, _ in self.attention_types]!r}"
+            )
+        (full_spec, full_ids), (other_spec, other_ids) = full[0], other[0]
+        if max(full_ids) < min(other_ids):
+            full_attn_first = True
+        elif max(other_ids) < min(full_ids):
+            full_attn_first = False
+        else:
+            raise InvalidKVCacheConfig(
+                f"full-attention groups {full_ids} and other groups {other_ids} interleave"
+            )
+        self.full_attention_group_ids = full_ids
+        self.other_group_ids = other_ids
+        self.full_attention_spec = full_spec
+        self.other_spec = other_spec
+        self.full_attention_block_size = full_spec.block_size
+        self.other_block_size = other_spec.block_size
+        self.full_attention_manager_cls = type(self.single_type_managers[full_ids[0]])
+        self.other_attention_cls = type(self.single_type_managers[other_ids[0]])
+        self.full_attn_first = full_attn_first
+
     def _hashes_for(self, block_hashes: BlockHashList, block_size: int) -> BlockHashList:
         if block_size == self.hash_block_size:
             return block_hashes

@@ -135,13 +135,16 @@ class KVCacheBlock:
     as vLLM's dataclass does.
     """
 
-    __slots__ = ("_block_hash", "_extra_refs", "_pool", "_ref_cnt", "block_id", "is_null")
+    __slots__ = ("_block_hash", "_extra_refs", "_next", "_pool", "_prev", "_queue", "_ref_cnt",
+                 "block_id", "is_null")
 
     def __init__(
         self,
         block_id: int,
         ref_cnt: int = 0,
         _block_hash: BlockHashWithGroupId | None = None,
+        prev_free_block: KVCacheBlock | None = None,
+        next_free_block: KVCacheBlock | None = None,
         is_null: bool = False,
     ) -> None:
         self.block_id = block_id
@@ -150,6 +153,11 @@ class KVCacheBlock:
         self.is_null = is_null
         self._pool: BlockPool | None = None
         self._extra_refs = 0  # a pool block's ref count minus 1, while it is shared
+        # A block outside any free queue keeps the pointers it was given (vLLM's fields);
+        # inside one, they are read from the queue (see prev_free_block).
+        self._prev = prev_free_block
+        self._next = next_free_block
+        self._queue: FreeKVCacheBlockQueue | None = None  # a standalone queue holding it
 
     @classmethod
     def _owned_by(cls, pool: BlockPool, block_id: int) -> KVCacheBlock:
@@ -199,6 +207,49 @@ class KVCacheBlock:
             )
         self._block_hash = None
 
+    # vLLM links free blocks through these two fields. Here the free queue is a list, so the
+    # pointers are a read-only view of it, computed on demand in O(free): for tests and
+    # debugging, never for the pool's own work.
+
+    @property
+    def prev_free_block(self) -> KVCacheBlock | None:
+        """The block before this one in its free queue (the queue's head sentinel if first);
+        None when it is not in a free queue."""
+        queue = self._free_queue()
+        return self._prev if queue is None else queue._neighbour(self, -1)
+
+    @prev_free_block.setter
+    def prev_free_block(self, block: KVCacheBlock | None) -> None:
+        self._refuse_link_write()
+        self._prev = block
+
+    @property
+    def next_free_block(self) -> KVCacheBlock | None:
+        """The block after this one in its free queue (the tail sentinel if last); None when
+        it is not in a free queue."""
+        queue = self._free_queue()
+        return self._next if queue is None else queue._neighbour(self, 1)
+
+    @next_free_block.setter
+    def next_free_block(self, block: KVCacheBlock | None) -> None:
+        self._refuse_link_write()
+        self._next = block
+
+    def _free_queue(self) -> FreeKVCacheBlockQueue | None:
+        """The free queue this block is in, if any."""
+        if self._queue is not None:
+            return self._queue
+        pool = self._pool
+        if pool is None or self.is_null or pool._ref_count(self):
+            return None
+        return pool.free_block_queue
+
+    def _refuse_link_write(self) -> None:
+        if self._free_queue() is not None or self._pool is not None:
+            raise BlockOwnershipError(
+                f"block {self.block_id}'s free-queue links belong to its queue; they are read-only"
+            )
+
     def __repr__(self) -> str:
         return (
             f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
@@ -210,6 +261,12 @@ class FreeKVCacheBlockQueue:
     """The free blocks in eviction order: the head is reused first (LRU).
 
     Same operations and order as vLLM's linked list; see the module docstring for the layout.
+    ``fake_free_list_head`` / ``fake_free_list_tail`` and the blocks' ``prev_free_block`` /
+    ``next_free_block`` are a read-only view of that list in vLLM's linked-list terms.
+
+    A queue built directly from blocks (``FreeKVCacheBlockQueue(blocks)``, as vLLM's callers
+    and tests do) marks its members, so that a block knows it is queued; the pool's own queue
+    does not pay for that per block: a pool block is queued exactly when its ref count is 0.
     """
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
@@ -221,6 +278,13 @@ class FreeKVCacheBlockQueue:
         self._fresh_end = 0
         self._materialize: Callable[[int, int], list[KVCacheBlock]] | None = None
         self.num_free_blocks = len(blocks)
+        self._marks_members = True
+        for block in self._entries:
+            block._queue = self
+        self.fake_free_list_head = KVCacheBlock(-1)
+        self.fake_free_list_tail = KVCacheBlock(-1)
+        self.fake_free_list_head._queue = self
+        self.fake_free_list_tail._queue = self
 
     @classmethod
     def _fresh(
@@ -228,6 +292,7 @@ class FreeKVCacheBlockQueue:
     ) -> FreeKVCacheBlockQueue:
         """A queue of the never-used ids [first, end), whose blocks ``materialize`` makes."""
         queue = cls([])
+        queue._marks_members = False  # the pool knows which of its blocks are free
         queue._fresh_next, queue._fresh_end = first, end
         queue._materialize = materialize
         queue.num_free_blocks = end - first
@@ -256,7 +321,7 @@ class FreeKVCacheBlockQueue:
             self._fresh_next = last
             n -= last - first
             if n == 0:
-                return fresh
+                return fresh  # a fresh run exists only in the pool's queue: nothing to unmark
         entries, stale = self._entries, self._stale
         start = self._head
         stop = start + n
@@ -284,6 +349,9 @@ class FreeKVCacheBlockQueue:
         if stop > 1024 and stop > len(entries) >> 1:
             del entries[:stop]
             self._head = 0
+        if self._marks_members:
+            for block in taken:
+                block._queue = None
         return taken if fresh is None else fresh + taken
 
     def remove(self, block: KVCacheBlock) -> None:
@@ -307,6 +375,9 @@ class FreeKVCacheBlockQueue:
         stale = self._stale
         for block in blocks:
             stale[block] = stale.get(block, 0) + 1
+        if self._marks_members:
+            for block in blocks:
+                block._queue = None
         self._num_stale += len(blocks)
         self.num_free_blocks -= len(blocks)
         if self._num_stale > 64 and self._num_stale > self.num_free_blocks:
@@ -342,10 +413,15 @@ class FreeKVCacheBlockQueue:
     def append(self, block: KVCacheBlock) -> None:
         self._entries.append(block)
         self.num_free_blocks += 1
+        if self._marks_members:
+            block._queue = self
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         self._entries.extend(blocks)
         self.num_free_blocks += len(blocks)
+        if self._marks_members:
+            for block in blocks:
+                block._queue = self
 
     # -- inspection ----------------------------------------------------------------------
 
@@ -358,3 +434,15 @@ class FreeKVCacheBlockQueue:
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
         return iter(self.get_all_free_blocks())
+
+    def _neighbour(self, block: KVCacheBlock, step: int) -> KVCacheBlock | None:
+        """The block ``step`` (-1 or 1) places from ``block`` in vLLM's linked list: the free
+        blocks between the head and tail sentinels. O(free)."""
+        head, tail = self.fake_free_list_head, self.fake_free_list_tail
+        order = [head, *self.get_all_free_blocks(), tail]
+        if block is head:
+            return order[1] if step > 0 else None
+        if block is tail:
+            return order[-2] if step < 0 else None
+        position = next(i for i, b in enumerate(order) if b is block)
+        return order[position + step]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import os
 import sys
 from types import ModuleType
@@ -61,8 +62,8 @@ REPLACED_MODULES: dict[str, str] = {
 SUPPORTED_VLLM: dict[str, str] = {"0.13": "vllm-0.13"}
 
 
-class UnsupportedVllmVersion(RuntimeError):
-    """The vLLM in this process is a release kvspec has no profile for."""
+class UnsupportedVllmVersion(ValueError):
+    """The vLLM in this process is a release kvspec has no profile for, or there is none."""
 
 
 _installed: dict[str, Any] = {}
@@ -88,8 +89,18 @@ def _vllm_version() -> str:
     try:
         return importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
-        vllm = importlib.import_module("vllm")  # a source checkout without metadata
-        return str(getattr(vllm, "__version__", "unknown"))
+        pass
+    try:  # a source checkout without package metadata
+        vllm = importlib.import_module("vllm")
+    except ImportError:
+        raise UnsupportedVllmVersion(
+            f"kvspec's vLLM plugin needs vLLM ({_supported()}), and this Python has none"
+        ) from None
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def _supported() -> str:
+    return ", ".join(f"{series}.x" for series in SUPPORTED_VLLM)
 
 
 def _series(version: str) -> str:
@@ -108,9 +119,8 @@ def install() -> dict[str, Any]:
     version = _vllm_version()
     profile = SUPPORTED_VLLM.get(_series(version))
     if profile is None:
-        supported = ", ".join(f"{series}.x" for series in SUPPORTED_VLLM)
         raise UnsupportedVllmVersion(
-            f"kvspec's vLLM plugin supports vLLM {supported}; this is vLLM {version} "
+            f"kvspec's vLLM plugin supports vLLM {_supported()}; this is vLLM {version} "
             f"(unset {ENV_SWITCH} to run vLLM's own KV-cache manager)"
         )
 
@@ -126,9 +136,23 @@ def install() -> dict[str, Any]:
         if parent is not None:
             setattr(parent, child, module)
     rebound = _rebind_imported_names(originals, replacements)
+    _log_through_vllm()
     _installed.update(vllm=version, profile=profile, rebound=rebound,
                       modules=dict(REPLACED_MODULES))
     return _installed
+
+
+def _log_through_vllm() -> None:
+    """kvspec's log lines (KV-cache size and concurrency at start-up, refused prefix-cache
+    resets) go where vLLM's go: vLLM configures only its own ``vllm`` logger."""
+    vllm_logger = logging.getLogger("vllm")
+    kvspec_logger = logging.getLogger("kvspec")
+    for handler in vllm_logger.handlers:
+        if handler not in kvspec_logger.handlers:
+            kvspec_logger.addHandler(handler)
+    if vllm_logger.handlers:
+        kvspec_logger.setLevel(vllm_logger.getEffectiveLevel())
+        kvspec_logger.propagate = False
 
 
 def _rebind_imported_names(
@@ -167,8 +191,7 @@ def _rebind_imported_names(
 
 
 def pytest_configure(config: Any) -> None:
-    info = install()
-    config.stash_kvspec = info  # for pytest_report_header
+    install()
 
 
 def pytest_report_header(config: Any) -> str:

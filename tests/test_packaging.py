@@ -1,0 +1,47 @@
+"""What `pip install` of the project puts on a user's path: the one `kvspec` import package,
+its data, the `kvspec` command and the vLLM plugin entry point, and nothing else (no top-level
+`spec`, `impl` or `models` next to vLLM's own modules)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+setuptools = pytest.importorskip("setuptools", reason="building a wheel needs setuptools")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    # --no-build-isolation: this venv's setuptools, so that nothing is downloaded.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--quiet", "--wheel-dir", str(out), str(ROOT)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    (path,) = out.glob("kvspec-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_one_top_level_import_package(wheel: zipfile.ZipFile) -> None:
+    top_level = {name.split("/")[0] for name in wheel.namelist()}
+    assert {t for t in top_level if not t.endswith(".dist-info")} == {"kvspec"}
+
+
+def test_package_holds_spec_impl_models_and_their_data(wheel: zipfile.ZipFile) -> None:
+    names = set(wheel.namelist())
+    for module in ("kvspec/cli.py", "kvspec/vllm_plugin.py", "kvspec/spec/pool.py",
+                   "kvspec/spec/conformance/audit.py", "kvspec/impl/block_pool.py",
+                   "kvspec/models/plan.py", "kvspec/models/data/llama-3.1-8b.json"):
+        assert module in names, module
+
+
+def test_entry_points(wheel: zipfile.ZipFile) -> None:
+    (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    text = wheel.read(entry_points).decode()
+    assert "[console_scripts]\nkvspec = kvspec.cli:main" in text
+    assert "[vllm.general_plugins]\nkvspec = kvspec.vllm_plugin:register" in text

@@ -1,0 +1,230 @@
+"""What vLLM's callers rely on, checked without vLLM: impl takes foreign objects of vLLM's
+kinds (specs, configs, requests), keeps the caller's lists intact, and shows its free queue in
+vLLM's linked-list terms.
+
+The foreign classes below stand in for vLLM's: same class names and fields, defined here, so
+impl must recognise them by what they are, in the compiled build as in the pure one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.hashing import BlockHash, get_request_block_hasher, sha256
+from kvspec.impl.kv_cache_interface import (
+    FullAttentionSpec as ImplFullAttentionSpec,
+    InvalidKVCacheSpec,
+    as_kv_cache_config,
+    as_kv_cache_spec,
+)
+from kvspec.impl.kv_cache_manager import KVCacheManager
+from kvspec.impl.kv_cache_utils import BlockOwnershipError, FreeKVCacheBlockQueue, KVCacheBlock
+from kvspec.impl.single_type_kv_cache_manager import (
+    SlidingWindowManager,
+    UnsupportedKVCacheSpec,
+    get_manager_for_kv_cache_spec,
+)
+
+BLOCK_SIZE = 4
+
+
+# -- stand-ins for vLLM's kv_cache_interface classes (names and fields as in vLLM 0.13) ------
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec:
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: Any
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec:
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: Any
+    sliding_window: int
+
+
+@dataclass(frozen=True)
+class EncoderOnlyAttentionSpec:
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: Any
+
+
+@dataclass
+class KVCacheGroupSpec:
+    layer_names: list[str]
+    kv_cache_spec: Any
+
+
+@dataclass
+class KVCacheConfig:
+    num_blocks: int
+    kv_cache_tensors: list[Any]
+    kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
+
+
+class ForeignRequest:
+    """A request of another class with the fields vLLM's Request has."""
+
+    def __init__(self, request_id: str, token_ids: list[int]) -> None:
+        self.request_id = request_id
+        self.all_token_ids = list(token_ids)
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.skip_reading_prefix_cache = False
+        self.lora_request = None
+        self.mm_features: list[Any] = []
+        self.cache_salt = None
+        self.prompt_embeds = None
+        self.block_hashes: list[BlockHash] = []
+        self.block_hashes = get_request_block_hasher(BLOCK_SIZE, sha256)(self)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+
+def _full(block_size: int = BLOCK_SIZE) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size, 2, 8, "float16")
+
+
+def _config(*specs: Any, num_blocks: int = 12) -> KVCacheConfig:
+    return KVCacheConfig(num_blocks, [], [KVCacheGroupSpec([f"layer{i}"], spec)
+                                          for i, spec in enumerate(specs)])
+
+
+# -- foreign specs and configs ---------------------------------------------------------
+
+
+def test_foreign_spec_converts_by_kind_and_fields() -> None:
+    converted = as_kv_cache_spec(_full())
+    assert converted == ImplFullAttentionSpec(BLOCK_SIZE, 2, 8, "float16")
+    assert as_kv_cache_spec(_full()) is converted  # remembered
+
+
+def test_unknown_foreign_kind_is_refused_by_name() -> None:
+    with pytest.raises(InvalidKVCacheSpec, match="EncoderOnlyAttentionSpec"):
+        as_kv_cache_spec(EncoderOnlyAttentionSpec(BLOCK_SIZE, 2, 8, "float16"))
+    pool = BlockPool(4, True, BLOCK_SIZE)
+    with pytest.raises(UnsupportedKVCacheSpec, match="EncoderOnlyAttentionSpec"):
+        get_manager_for_kv_cache_spec(EncoderOnlyAttentionSpec(BLOCK_SIZE, 2, 8, "float16"),
+                                      block_pool=pool, kv_cache_group_id=0)
+
+
+def test_foreign_config_converts() -> None:
+    config = as_kv_cache_config(_config(_full()))
+    assert config.num_blocks == 12
+    assert config.kv_cache_groups[0].kv_cache_spec == as_kv_cache_spec(_full())
+
+
+def test_manager_serves_foreign_config_and_requests_keeping_callers_objects() -> None:
+    spec = _full()
+    config = _config(spec, SlidingWindowSpec(BLOCK_SIZE, 2, 8, "float16", 8))
+    manager = KVCacheManager(config, max_model_len=64, hash_block_size=BLOCK_SIZE)
+    assert manager.kv_cache_config is config
+    assert manager.coordinator.single_type_managers[0].kv_cache_spec is spec
+    first = ForeignRequest("a", list(range(10)))
+    assert manager.get_computed_blocks(first)[1] == 0
+    assert manager.allocate_slots(first, 10) is not None
+    manager.free(first)
+    again = ForeignRequest("b", list(range(10)))
+    blocks, num_hit_tokens = manager.get_computed_blocks(again)
+    assert num_hit_tokens == 8  # two full blocks cached by the first request, in both groups
+    assert [len(group) for group in blocks.blocks] == [2, 2]
+
+
+def test_manager_built_directly_with_a_foreign_spec() -> None:
+    pool = BlockPool(8, True, BLOCK_SIZE)
+    spec = SlidingWindowSpec(BLOCK_SIZE, 2, 8, "float16", 8)
+    manager = SlidingWindowManager(spec, block_pool=pool, kv_cache_group_id=0)
+    assert manager.kv_cache_spec is spec and manager.sliding_window == 8
+    hit = SlidingWindowManager.find_longest_cache_hit(
+        [BlockHash(b"x" * 32)], 4, [0], pool, spec, False, BLOCK_SIZE)
+    assert hit == ([],)
+
+
+# -- the caller's lists --------------------------------------------------------------------
+
+
+def test_free_leaves_the_callers_block_list_as_it_was() -> None:
+    manager = KVCacheManager(_config(_full()), max_model_len=64, hash_block_size=BLOCK_SIZE)
+    request = ForeignRequest("a", list(range(10)))
+    manager.allocate_slots(request, 10)
+    held = manager.coordinator.single_type_managers[0].req_to_blocks["a"]
+    ids = [block.block_id for block in held]
+    manager.free(request)
+    assert [block.block_id for block in held] == ids  # vLLM 0.13 leaves it unreversed too
+
+
+# -- the free queue in linked-list terms ---------------------------------------------------
+
+
+def test_kv_cache_block_has_vllms_constructor() -> None:
+    before, after = KVCacheBlock(1), KVCacheBlock(3)
+    block = KVCacheBlock(2, 0, None, before, after, True)
+    assert (block.prev_free_block, block.next_free_block, block.is_null) == (before, after, True)
+
+
+def test_standalone_queue_links() -> None:
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    queue = FreeKVCacheBlockQueue(blocks)
+    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+    assert head.next_free_block is blocks[0] and blocks[0].prev_free_block is head
+    assert blocks[3].next_free_block is tail and tail.prev_free_block is blocks[3]
+    queue.remove(blocks[1])
+    assert blocks[0].next_free_block is blocks[2] and blocks[2].prev_free_block is blocks[0]
+    assert blocks[1].prev_free_block is None and blocks[1].next_free_block is None
+    popped = queue.popleft_n(3)
+    assert popped == [blocks[0], blocks[2], blocks[3]]
+    assert all(b.prev_free_block is None and b.next_free_block is None for b in popped)
+    assert head.next_free_block is tail and tail.prev_free_block is head
+    queue.append_n([blocks[3], blocks[0]])
+    assert head.next_free_block is blocks[3] and blocks[3].next_free_block is blocks[0]
+
+
+def test_pool_queue_links_follow_ref_counts() -> None:
+    pool = BlockPool(5, True, BLOCK_SIZE)
+    queue = pool.free_block_queue
+    taken = pool.get_new_blocks(2)
+    assert taken[0].next_free_block is None  # in use: not in the queue
+    assert queue.fake_free_list_head.next_free_block is pool.blocks[3]
+    pool.free_blocks(reversed(taken))
+    assert queue.fake_free_list_tail.prev_free_block is taken[0]
+    assert taken[1].next_free_block is taken[0]
+    assert pool.null_block.next_free_block is None
+
+
+def test_queue_links_are_read_only_inside_a_queue() -> None:
+    queue = FreeKVCacheBlockQueue([KVCacheBlock(0)])
+    with pytest.raises(BlockOwnershipError, match="read-only"):
+        queue.fake_free_list_tail.prev_free_block = None
+    assert queue.fake_free_list_tail.prev_free_block is not None
+
+
+# -- the context-parallel layout of the process ----------------------------------------------
+
+
+def test_block_tables_take_the_processs_context_parallel_layout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's worker builds its block tables without ranks; they come from its process groups
+    (host_types.context_parallel_layout, bound by the plugin)."""
+    from kvspec.impl import host_types
+    from kvspec.impl.block_table import MultiGroupBlockTable
+
+    monkeypatch.setattr(host_types, "context_parallel_layout", lambda: (1, 0, 2, 1))
+    tables = MultiGroupBlockTable(2, 64, 16, False, "cpu", [4], [4])
+    table = tables[0]
+    assert (table.dcp_world_size, table.dcp_rank, table.pcp_world_size) == (2, 1, 1)
+    assert table.max_num_blocks_per_req == 8  # cdiv(64, 4 * 2): each rank holds half
