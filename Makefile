@@ -13,7 +13,7 @@ CROSSHAIR_TIMEOUT ?= 4
 CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.spec.pool_programs kvspec.spec.hashing \
 	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager
 
-.PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env clean
+.PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests clean
 
 setup: $(STAMP) $(COMPILED)
 
@@ -62,6 +62,13 @@ vllm-env:
 
 audit-vllm: vllm-env
 	.venv-vllm-$(VLLM)/bin/kvspec audit --target vllm --profile vllm-$(basename $(VLLM))
+
+# vLLM's own tests/v1/core, on real vLLM and with kvspec in place (docs/vllm-tests.md).
+# DOWNLOADS vLLM's source distribution (18 MB for 0.13.0) from PyPI into build/vllm-src/ on
+# first use, checked by sha256; only its tests/ are extracted, into build/vllm-tests-$(VLLM)/.
+vllm-tests: vllm-env
+	@echo "vllm-tests: downloads vLLM $(VLLM)'s source distribution from PyPI into build/vllm-src/ (once; checked by sha256)"
+	.venv-vllm-$(VLLM)/bin/python scripts/vllm_tests.py $(VLLM)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache .ruff_cache

@@ -44,7 +44,7 @@ case "$VERSION" in
             packaging psutil numpy pyzmq urllib3 regex msgspec pydantic cbor2
             "transformers>=4.56,<5" aiohttp requests "openai>=1.99.1,<3" pillow pybase64
             cachetools cloudpickle py-cpuinfo prometheus_client fastapi starlette
-            gguf blake3 diskcache
+            gguf blake3 diskcache einops
         )
         NO_DEPS=("openai-harmony>=0.0.3" "xgrammar==0.1.27" "llguidance>=1.3,<1.4")
         ;;
