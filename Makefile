@@ -13,7 +13,8 @@ CROSSHAIR_TIMEOUT ?= 4
 CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.spec.pool_programs kvspec.spec.hashing \
 	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager
 
-.PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests clean
+.PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests \
+	vllm-loop clean
 
 setup: $(STAMP) $(COMPILED)
 
@@ -69,6 +70,11 @@ audit-vllm: vllm-env
 vllm-tests: vllm-env
 	@echo "vllm-tests: downloads vLLM $(VLLM)'s source distribution from PyPI into build/vllm-src/ (once; checked by sha256)"
 	.venv-vllm-$(VLLM)/bin/python scripts/vllm_tests.py $(VLLM)
+
+# vLLM's real Scheduler driven for thousands of steps, once with vLLM's KV-cache manager and
+# once with kvspec's through the plugin; every step's output must match (nothing downloaded).
+vllm-loop: vllm-env
+	.venv-vllm-$(VLLM)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_scheduler_loop.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache .ruff_cache
