@@ -393,10 +393,12 @@ def get_request_block_hasher(
     def request_block_hasher(request: RequestLike) -> list[BlockHash]:
         block_hashes = request.block_hashes
         start = len(block_hashes) * block_size
-        tokens = request.all_token_ids
-        num_tokens = len(tokens)
+        # Most calls (a decode step) complete no block: decide that from num_tokens before
+        # touching the token list (vLLM's ConstantList has a Python-level __len__).
+        num_tokens = request.num_tokens
         if start + block_size > num_tokens:
             return []
+        tokens = request.all_token_ids
         parent: bytes = block_hashes[-1] if block_hashes else NONE_HASH
         new_hashes: list[bytes] = []
         if not _request_has_extra_key_sources(request):
