@@ -124,6 +124,8 @@ SECTIONS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {
     "checker": checker_rows,
     "manager": lambda quick: _module_rows("bench_manager", quick),
     "block_table": lambda quick: _module_rows("bench_block_table", quick),
+    # vLLM's own Scheduler stepping with each manager: the step and its KV-cache share.
+    "scheduler": lambda quick: _module_rows("bench_scheduler", quick),
 }
 
 
