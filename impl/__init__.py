@@ -2,7 +2,8 @@
 
 Two builds of the same sources. ``make setup`` compiles the modules in ``COMPILED_MODULES``
 with mypyc (scripts/compile.py) into C extensions beside their ``.py`` files, which Python
-then imports instead; without a C compiler they stay pure Python. The sources are used
+then imports instead, and a wheel (``pip install``) carries them the same way; without a C
+compiler they stay pure Python. The sources are used
 when ``KVSPEC_PURE_PYTHON=1`` is set (the mutant runner sets it: compiled classes cannot be
 monkeypatched) or when a source is newer than its extension (an edit after the last
 compile: the stale extension is ignored, with a warning, rather than shadowing the edit).
@@ -42,6 +43,10 @@ def _use_compiled_build() -> bool:
         return False
     if os.environ.get("KVSPEC_PURE_PYTHON", "") not in ("", "0"):
         return False
+    if not (_HERE.parent / "pyproject.toml").exists():
+        # An installed wheel: its extensions were built from these very sources (and pip does
+        # not keep file times, so a time comparison would call them stale).
+        return all(extensions.values())
     stale = [m for m, ext in extensions.items()
              if ext is None or ext.stat().st_mtime < (_HERE / f"{m}.py").stat().st_mtime]
     if stale:

@@ -1,8 +1,15 @@
-"""Compile kvspec.impl.COMPILED_MODULES with mypyc (part of mypy) into C extensions beside them.
+"""Compile kvspec.impl.COMPILED_MODULES with mypyc (part of mypy) into C extensions.
 
-``python scripts/compile.py`` from the repo root (``make compile``; ``make setup`` runs it).
-Exits 0 without compiling, with a note, where there is no C compiler or Python headers: the
-pure-Python build is complete on its own. ``--clean`` removes the extensions.
+One place says how kvspec's hot modules are compiled, for both builds that do it:
+
+* a checkout: ``python scripts/compile.py`` from the repo root (``make compile``; ``make
+  setup`` runs it) builds the extensions in place, beside their sources in impl/, which Python
+  then imports instead (``--clean`` removes them);
+* a wheel: setup.py takes ``mypyc_extensions()``, so ``pip install`` of kvspec installs the
+  compiled build.
+
+Where there is no C compiler, Python headers or mypyc, or KVSPEC_PURE_PYTHON=1 is set, nothing
+is compiled (with a note): the pure-Python build is complete on its own.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import shutil
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mypyc"
@@ -28,40 +36,57 @@ def clean() -> None:
         path.unlink()
 
 
-def main(argv: list[str]) -> int:
-    clean()
-    if "--clean" in argv:
-        return 0
+def why_not_compiled() -> str | None:
+    """Why this Python cannot (or must not) compile kvspec, or None when it can."""
+    if os.environ.get("KVSPEC_PURE_PYTHON", "") not in ("", "0"):
+        return "KVSPEC_PURE_PYTHON is set"
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if not shutil.which(compiler) or not Path(sysconfig.get_paths()["include"],
                                                "Python.h").exists():
-        print("compile: no C compiler or Python headers here; impl/ stays pure Python")
-        return 0
-    sys.path.insert(0, str(ROOT))
+        return "no C compiler or Python headers here"
     try:
-        from mypyc.build import mypycify
-        from setuptools import Distribution  # type: ignore[import-untyped]
-    except ImportError as missing:
-        print(f"compile: {missing.name} is not installed; impl/ stays pure Python")
-        return 0
+        import mypyc.build  # noqa: F401
+    except ImportError:
+        return "mypyc (part of mypy) is not installed"
+    return None
 
+
+def mypyc_extensions(target_dir: Path = BUILD / "c") -> list[Any]:
+    """The setuptools extensions of impl's compiled modules ([] where it cannot compile)."""
+    if why_not_compiled() is not None:
+        return []
+    from mypyc.build import mypycify
+
+    sys.path.insert(0, str(ROOT))
     from kvspec import impl
 
     # Through the kvspec/impl link, so that mypyc names the modules kvspec.impl.*.
     sources = [f"kvspec/impl/{m}.py" for m in impl.COMPILED_MODULES]
+    extensions: list[Any] = mypycify(sources, opt_level="3", group_name=GROUP,
+                                     target_dir=str(target_dir))
+    return extensions
+
+
+def main(argv: list[str]) -> int:
+    clean()
+    if "--clean" in argv:
+        return 0
+    reason = why_not_compiled()
+    if reason is not None:
+        print(f"compile: {reason}; impl/ stays pure Python")
+        return 0
+    from setuptools import Distribution  # type: ignore[import-untyped]
+
     BUILD.mkdir(parents=True, exist_ok=True)
+    extensions = mypyc_extensions()
     # A bare Distribution, not setup(): setup() would read the project's pyproject.toml.
-    dist = Distribution({
-        "name": "kvspec-impl-compiled",
-        "ext_modules": mypycify(sources, opt_level="3", group_name=GROUP,
-                                target_dir=str(BUILD / "c")),
-    })
+    dist = Distribution({"name": "kvspec-impl-compiled", "ext_modules": extensions})
     dist.script_args = ["-q", "build_ext", "--inplace", "--build-temp", str(BUILD / "temp")]
     dist.parse_command_line()
     dist.run_commands()
     for path in compiled_files():  # the per-module shims are rebuilt only when their C
         os.utime(path)             # changes; impl/ compares these times with the sources'
-    print(f"compile: {len(sources)} modules of impl/ compiled with mypyc")
+    print(f"compile: {len(extensions) - 1} modules of impl/ compiled with mypyc")
     return 0
 
 

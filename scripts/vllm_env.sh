@@ -91,7 +91,8 @@ pip_install() {
 install_kvspec() {
     step "installing kvspec (editable, --no-deps) from $REPO_ROOT"
     rm -f "$site_packages/kvspec-repo-root.pth"  # how earlier builds put the repo on the path
-    pip_install --quiet --no-deps -e "$REPO_ROOT"
+    # KVSPEC_PURE_PYTHON=1: no mypyc build here; the checkout's own (make setup) is used.
+    KVSPEC_PURE_PYTHON=1 pip_install --quiet --no-deps -e "$REPO_ROOT"
 }
 
 check_env() {

@@ -4,6 +4,7 @@ its data, the `kvspec` command and the vLLM plugin entry point, and nothing else
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -19,9 +20,11 @@ setuptools = pytest.importorskip("setuptools", reason="building a wheel needs se
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
-    # --no-build-isolation: this venv's setuptools, so that nothing is downloaded.
+    # --no-build-isolation: this venv's setuptools, so that nothing is downloaded; a pure
+    # wheel (KVSPEC_PURE_PYTHON=1), as mypyc would take minutes (test_compiled_wheel does it).
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "--quiet", "--wheel-dir", str(out), str(ROOT)],
+                   env=dict(os.environ, KVSPEC_PURE_PYTHON="1"),
                    check=True, capture_output=True, text=True, timeout=300)
     (path,) = out.glob("kvspec-*.whl")
     return zipfile.ZipFile(path)
