@@ -162,6 +162,12 @@ def test_group_size_and_padding() -> None:
     config = one_worker(specs, PAGE * 6 * 32)
     assert [len(g.layer_names) for g in config.kv_cache_groups] == [6, 5]
     assert config.kv_cache_tensors[-1] == KVCacheTensor(PAGE * 32, ("f5",))
+    # 4 full + 5 sliding: 5 is not below 4 * 1.25, so groups of 4 and the sliding layers in two.
+    specs = {f"f{i}": full() for i in range(4)} | {f"s{i}": sliding() for i in range(5)}
+    config = one_worker(specs, PAGE * 4 * 32)
+    assert [g.layer_names for g in config.kv_cache_groups] == [
+        ("f0", "f1", "f2", "f3"), ("s0", "s2", "s4"), ("s1", "s3")
+    ]
 
 
 def test_hybrid_allocator_off_stores_windows_as_full_attention() -> None:

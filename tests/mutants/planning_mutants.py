@@ -1,0 +1,47 @@
+"""KV-cache planning mutants: bugs in the sizing arithmetic vLLM's engine core calls at
+start-up (models/plan.py, through impl/kv_cache_planning.py), each killed by
+tests/test_kv_cache_planning.py's hand-worked vLLM cases."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvspec.models import plan
+from tests.mutants import Mutant, replace
+
+PLANNING = "tests/test_kv_cache_planning.py"
+
+
+def group_size_slack_too_wide() -> None:
+    """A bucket under 1.5x the smallest sets the group size (vLLM 0.13: under 1.25x): four
+    full-attention and five sliding-window layers get groups of 5, not 4."""
+    replace(plan, "_GROUP_SIZE_SLACK", 1.5)
+
+
+def consecutive_group_cuts() -> None:
+    """A bucket is cut into groups of consecutive layers instead of every k-th layer."""
+    def split_into_groups(named_specs: Sequence[tuple[str, Any]]) -> list[Any]:
+        buckets: dict[Any, list[str]] = {}
+        for name, spec in named_specs:
+            buckets.setdefault(spec, []).append(name)
+        if not buckets:
+            return []
+        sizes = [len(names) for names in buckets.values()]
+        group_size = min(sizes)
+        if max(sizes) < group_size * plan._GROUP_SIZE_SLACK:
+            group_size = max(sizes)
+        return [(spec, [names[i:i + group_size] for i in range(0, len(names), group_size)])
+                for spec, names in buckets.items()]
+    replace(plan, "split_into_groups", split_into_groups)
+
+
+def _mutant(name: str, plant: Any) -> Mutant:
+    description = " ".join((plant.__doc__ or "").split())
+    return Mutant(name, description, plant, (PLANNING,))
+
+
+MUTANTS: list[Mutant] = [
+    _mutant("planning_group_size_slack_too_wide", group_size_slack_too_wide),
+    _mutant("planning_consecutive_group_cuts", consecutive_group_cuts),
+]
