@@ -14,7 +14,7 @@ CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.spec.pool_programs kvspec.spec.hash
 	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager
 
 .PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests \
-	vllm-loop clean
+	vllm-loop vllm-check clean
 
 setup: $(STAMP) $(COMPILED)
 
@@ -75,6 +75,13 @@ vllm-tests: vllm-env
 # once with kvspec's through the plugin; every step's output must match (nothing downloaded).
 vllm-loop: vllm-env
 	.venv-vllm-$(VLLM)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_scheduler_loop.py
+
+# Everything that needs the vLLM environment and gates: the scheduler loop, and kvspec's own
+# tests that compare with vLLM when its environment exists (hash bytes, event bytes, planning,
+# the plugin loaded by vLLM's own loader); make test skips those without it.
+vllm-check: setup vllm-loop
+	$(PY) -m pytest tests/test_hashing.py tests/test_kv_events.py tests/test_kv_cache_planning.py \
+		tests/test_vllm_plugin.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache .ruff_cache

@@ -261,13 +261,15 @@ def _vllm_side() -> Side:
             raise RuntimeError(f"vLLM's side got the KV-cache manager of {module}")
         return scheduler
 
-    def hasher() -> Callable[[Any], list[Any]]:
-        kv_cache_utils.init_none_hash(sha256)
-        block_hasher: Callable[[Any], list[Any]] = kv_cache_utils.get_request_block_hasher(
-            BLOCK_SIZE, sha256)
-        return block_hasher
+    return Side("vllm", build, lambda: _block_hasher(kv_cache_utils, sha256))
 
-    return Side("vllm", build, hasher)
+
+def _block_hasher(kv_cache_utils: Any, sha256: Any) -> Callable[[Any], list[Any]]:
+    """A side's own request block hasher (its kv_cache_utils), seeded for sha256."""
+    kv_cache_utils.init_none_hash(sha256)
+    block_hasher: Callable[[Any], list[Any]] = kv_cache_utils.get_request_block_hasher(
+        BLOCK_SIZE, sha256)
+    return block_hasher
 
 
 def _kvspec_side() -> Side:
@@ -295,13 +297,7 @@ def _kvspec_side() -> Side:
         )
         return scheduler
 
-    def hasher() -> Callable[[Any], list[Any]]:
-        kv_cache_utils.init_none_hash(sha256)
-        block_hasher: Callable[[Any], list[Any]] = kv_cache_utils.get_request_block_hasher(
-            BLOCK_SIZE, sha256)
-        return block_hasher
-
-    return Side("kvspec", build, hasher)
+    return Side("kvspec", build, lambda: _block_hasher(kv_cache_utils, sha256))
 
 
 # -- one pass ------------------------------------------------------------------------------------

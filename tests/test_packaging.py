@@ -48,3 +48,16 @@ def test_entry_points(wheel: zipfile.ZipFile) -> None:
     text = wheel.read(entry_points).decode()
     assert "[console_scripts]\nkvspec = kvspec.cli:main" in text
     assert "[vllm.general_plugins]\nkvspec = kvspec.vllm_plugin:register" in text
+
+
+def test_no_module_imports_a_bare_top_level_folder() -> None:
+    """Everything imports through kvspec.*: an installed kvspec has no top-level spec, impl or
+    models (a bare `import models` works from a checkout, where the repo root is on the path,
+    and nowhere else)."""
+    import re
+
+    bare = re.compile(r"^\s*(?:import|from)\s+(?:spec|impl|models)(?:\.|\s|$)", re.MULTILINE)
+    offenders = [str(path.relative_to(ROOT)) for folder in ("spec", "impl", "models", "kvspec")
+                 for path in (ROOT / folder).glob("**/*.py")
+                 if bare.search(path.read_text(encoding="utf-8"))]
+    assert offenders == []

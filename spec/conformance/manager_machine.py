@@ -173,10 +173,10 @@ def model_layout(model_name: str, block_size: int = 2, window: int = 5, chunk: i
     """The group structure of a model in models/, shrunk for the machine."""
 
     def build(num_blocks: int) -> Any:
-        import models
+        from kvspec.models import get_layout
         from kvspec.models.bridge import to_kv_cache_config
 
-        config = to_kv_cache_config(models.get_layout(model_name), num_blocks=num_blocks,
+        config = to_kv_cache_config(get_layout(model_name), num_blocks=num_blocks,
                                     block_size=16)
         return _shrink(config, block_size, window, chunk, num_blocks)
 
