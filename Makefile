@@ -42,9 +42,11 @@ audit: setup
 test: setup
 	$(PY) -m pytest
 
-# The conformance machines on the Python sources (make test runs the compiled build).
+# The conformance machines and the hostile-input suite on the Python sources (make test runs
+# the compiled build).
 test-pure: setup
-	KVSPEC_PURE_PYTHON=1 $(PY) -m pytest tests/test_pool_machine.py tests/test_manager_machine.py
+	KVSPEC_PURE_PYTHON=1 $(PY) -m pytest tests/test_pool_machine.py tests/test_manager_machine.py \
+		tests/hostile
 
 check: setup
 	$(PY) -m mypy --strict kvspec tests benchmarks scripts

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain, islice, repeat, takewhile
+from itertools import islice, repeat, takewhile
 from operator import attrgetter, truth
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from mypy_extensions import mypyc_attr
 
@@ -33,6 +33,9 @@ from kvspec.impl.errors import (
     BlockPoolError as BlockPoolError,
     InvalidBlockCountError as InvalidBlockCountError,
     InvalidBlockHashError as InvalidBlockHashError,
+    InvalidBlockListError as InvalidBlockListError,
+    InvalidPoolConfigError as InvalidPoolConfigError,
+    InvalidRequestForCachingError as InvalidRequestForCachingError,
     NotEnoughFreeBlocksError as NotEnoughFreeBlocksError,
 )
 from kvspec.impl.hashing import (
@@ -63,7 +66,47 @@ def _suffix(group_id: int) -> bytes:
     return group_id.to_bytes(4, "big")
 
 
-def _split_key(key: bytes) -> tuple[bytes, int]:
+def _check_group_id(group_id: object) -> int:
+    if type(group_id) is not int or not 0 <= group_id < 2**32:
+        raise InvalidBlockHashError(f"group id must be an int in [0, 2**32), got {group_id!r}")
+    return group_id
+
+
+def _listed(values: object, what: str) -> list[Any]:
+    """``values`` read whole into a list (a list is taken as it is), or a typed refusal when it
+    is not iterable. An iterator that fails while read raises its own error, before the pool
+    changes anything."""
+    if type(values) is list:
+        return values
+    try:
+        iterator = iter(values)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidBlockListError(f"{what} must be an iterable, got {values!r}") from None
+    return list(iterator)
+
+
+def _is_subset(items: list[Any], members: set[KVCacheBlock]) -> bool:
+    """Whether every item is in ``members``; False for a list holding an unhashable stranger."""
+    try:
+        return members.issuperset(items)
+    except TypeError:
+        return False
+
+
+def _flag(name: str, value: object) -> bool:
+    if type(value) is not bool:
+        raise InvalidPoolConfigError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _collector(value: object) -> KVCacheMetricsCollector | None:
+    if value is not None and not callable(getattr(value, "on_block_allocated", None)):
+        raise InvalidPoolConfigError(
+            f"metrics_collector must be a KVCacheMetricsCollector, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _split_key(key: object) -> tuple[bytes, int]:
     if type(key) is not bytes or len(key) < 4:
         raise InvalidBlockHashError(f"a block hash key must be bytes of length >= 4, got {key!r}")
     return key[:-4], int.from_bytes(key[-4:], "big")
@@ -87,17 +130,23 @@ class BlockHashToBlockMap:
         self._groups: dict[int, dict[bytes, KVCacheBlock]] = {}
         self._later: dict[tuple[int, bytes], list[KVCacheBlock]] = {}
 
-    def get_one_block(self, key: BlockHashWithGroupId) -> KVCacheBlock | None:
+    def get_one_block(self, key: BlockHashWithGroupId | object) -> KVCacheBlock | None:
         block_hash, group_id = _split_key(key)
         group = self._groups.get(group_id)
         return None if group is None else group.get(block_hash)
 
-    def insert(self, key: BlockHashWithGroupId, block: KVCacheBlock) -> None:
+    def insert(self, key: BlockHashWithGroupId | object, block: KVCacheBlock | object) -> None:
         block_hash, group_id = _split_key(key)
+        if not isinstance(block, KVCacheBlock):
+            raise BlockNotInPoolError(f"only a KVCacheBlock can be cached, got {block!r}")
         self._insert(group_id, block_hash, block)
 
-    def pop(self, key: BlockHashWithGroupId, block_id: int) -> KVCacheBlock | None:
+    def pop(
+        self, key: BlockHashWithGroupId | object, block_id: int | object
+    ) -> KVCacheBlock | None:
         block_hash, group_id = _split_key(key)
+        if type(block_id) is not int:
+            raise BlockNotInPoolError(f"block id must be an int, got {block_id!r}")
         for block in self._blocks(group_id, block_hash):
             if block.block_id == block_id:
                 self._remove(group_id, block_hash, block)
@@ -165,12 +214,13 @@ class _LazyBlocks(Sequence[KVCacheBlock]):
     @overload
     def __getitem__(self, index: slice) -> list[KVCacheBlock]: ...
 
-    def __getitem__(self, index: int | slice) -> KVCacheBlock | list[KVCacheBlock]:
+    def __getitem__(self, index: int | slice | object) -> KVCacheBlock | list[KVCacheBlock]:
         pool = self._pool
         if isinstance(index, slice):
             return [pool._block(i) for i in range(*index.indices(pool.num_gpu_blocks))]
-        if not -pool.num_gpu_blocks <= index < pool.num_gpu_blocks:
-            raise IndexError(f"block index {index} out of range for {pool.num_gpu_blocks} blocks")
+        if type(index) is not int or not -pool.num_gpu_blocks <= index < pool.num_gpu_blocks:
+            raise BlockNotInPoolError(
+                f"block index {index!r} is not an int in range for {pool.num_gpu_blocks} blocks")
         return pool._block(index % pool.num_gpu_blocks)
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
@@ -184,20 +234,23 @@ class BlockPool:
     def __init__(
         self,
         num_gpu_blocks: int | object,
-        enable_caching: bool,
-        hash_block_size: int,
-        enable_kv_cache_events: bool = False,
-        metrics_collector: KVCacheMetricsCollector | None = None,
+        enable_caching: bool | object,
+        hash_block_size: int | object,
+        enable_kv_cache_events: bool | object = False,
+        metrics_collector: KVCacheMetricsCollector | object | None = None,
     ) -> None:
         if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
             raise InvalidBlockCountError(
                 f"num_gpu_blocks must be a positive int, got {num_gpu_blocks!r}"
             )
+        if type(hash_block_size) is not int or hash_block_size < 1:
+            raise InvalidPoolConfigError(
+                f"hash_block_size must be a positive int, got {hash_block_size!r}")
         self.num_gpu_blocks = num_gpu_blocks
-        self.enable_caching = enable_caching
-        self.hash_block_size = hash_block_size
-        self.enable_kv_cache_events = enable_kv_cache_events
-        self.metrics_collector = metrics_collector
+        self.enable_caching = _flag("enable_caching", enable_caching)
+        self.hash_block_size: int = hash_block_size
+        self.enable_kv_cache_events = _flag("enable_kv_cache_events", enable_kv_cache_events)
+        self.metrics_collector = _collector(metrics_collector)
         self._objects: list[KVCacheBlock | None] = [None] * num_gpu_blocks
         self.null_block = KVCacheBlock._owned_by(self, 0)
         self.null_block.is_null = True
@@ -233,7 +286,8 @@ class BlockPool:
             return block._extra_refs + 1
         return 0
 
-    def _check_owned(self, blocks: list[KVCacheBlock]) -> None:
+    def _check_owned(self, blocks: list[Any]) -> None:
+        """Refuse anything in ``blocks`` that is not a block of this pool."""
         try:
             if set(map(_pool_of, blocks)) <= {self}:
                 return
@@ -245,17 +299,19 @@ class BlockPool:
     # -- prefix-cache lookup -------------------------------------------------------------
 
     def get_cached_block(
-        self, block_hash: BlockHash | object, kv_cache_group_ids: Sequence[int]
+        self, block_hash: BlockHash | object, kv_cache_group_ids: Sequence[int] | object
     ) -> list[KVCacheBlock] | None:
         """The first block cached under block_hash in each group, or None if any group misses."""
         if type(block_hash) is not bytes:
             raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
+        group_ids = _listed(kv_cache_group_ids, "kv_cache_group_ids")
+        for group_id in group_ids:  # all of them, also those after a miss
+            _check_group_id(group_id)
         groups = self._groups
         found = []
-        for group_id in kv_cache_group_ids:
+        for group_id in group_ids:
             group = groups.get(group_id)
             if group is None:
-                _suffix(group_id)  # refuses a malformed group id
                 return None
             block = group.get(block_hash)
             if block is None:
@@ -265,20 +321,26 @@ class BlockPool:
 
     def get_cached_prefix(
         self,
-        block_hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
-        kv_cache_group_id: int,
-        max_blocks: int,
+        block_hashes: Sequence[BlockHash] | BlockHashListWithBlockSize | object,
+        kv_cache_group_id: int | object,
+        max_blocks: int | object,
     ) -> list[KVCacheBlock]:
         """The leading run of ``block_hashes[:max_blocks]`` cached in one group, first block
         under each key: ``get_cached_block`` until the first miss, in one call (kvspec's
         bulk lookup; vLLM 0.13 has none)."""
-        group = self._groups.get(kv_cache_group_id)
+        if type(max_blocks) is not int or max_blocks < 0:
+            raise InvalidBlockCountError(f"max_blocks must be an int >= 0, got {max_blocks!r}")
+        group = self._groups.get(_check_group_id(kv_cache_group_id))
         if group is None:
-            _suffix(kv_cache_group_id)  # refuses a malformed group id
             group = {}
-        limit = max(max_blocks, 0)
-        wanted = block_hashes[:limit] if type(block_hashes) is list else list(
-            islice(block_hashes, limit))
+        if type(block_hashes) is list:
+            wanted = block_hashes[:max_blocks]
+        else:
+            try:
+                wanted = list(islice(block_hashes, max_blocks))  # type: ignore[arg-type]
+            except TypeError:
+                raise InvalidBlockHashError(
+                    f"block_hashes must be a sequence of bytes, got {block_hashes!r}") from None
         try:
             hit: list[KVCacheBlock] = list(takewhile(truth, map(group.get, wanted)))  # type: ignore[arg-type]
         except TypeError:  # an unhashable "hash" before the first miss
@@ -294,62 +356,81 @@ class BlockPool:
 
     def cache_full_blocks(
         self,
-        request: RequestLike,
-        blocks: list[KVCacheBlock],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        kv_cache_group_id: int,
+        request: RequestLike | object,
+        blocks: list[KVCacheBlock] | object,
+        num_cached_blocks: int | object,
+        num_full_blocks: int | object,
+        block_size: int | object,
+        kv_cache_group_id: int | object,
     ) -> None:
-        """Key blocks[num_cached_blocks:num_full_blocks] with the request's chain hashes."""
-        if num_cached_blocks >= num_full_blocks or not self.enable_caching:
+        """Key blocks[num_cached_blocks:num_full_blocks] with the request's chain hashes.
+
+        Everything is read and checked, and the event built, before the first key is set."""
+        for name, count in (("num_cached_blocks", num_cached_blocks),
+                            ("num_full_blocks", num_full_blocks)):
+            if type(count) is not int or count < 0:
+                raise InvalidBlockCountError(f"{name} must be an int >= 0, got {count!r}")
+        if type(block_size) is not int or block_size < 1 or block_size % self.hash_block_size:
+            raise InvalidBlockCountError(
+                f"block_size must be a positive multiple of the hash block size "
+                f"{self.hash_block_size}, got {block_size!r}")
+        group_id = _check_group_id(kv_cache_group_id)
+        request_hashes = getattr(request, "block_hashes", None)
+        if type(request_hashes) is not list:
+            raise InvalidRequestForCachingError(
+                f"{request!r} is not a request: it has no list of block hashes")
+        if type(blocks) is not list:
+            raise InvalidBlockListError(f"blocks must be a list of KVCacheBlock, got {blocks!r}")
+        first: int = num_cached_blocks  # type: ignore[assignment]
+        end: int = num_full_blocks  # type: ignore[assignment]
+        if first >= end:
             return
-        hashes: Sequence[BlockHash] | BlockHashListWithBlockSize = request.block_hashes
+        if end > len(blocks):
+            raise InvalidBlockCountError(
+                f"cannot cache blocks [{first}, {end}) of a list of {len(blocks)} blocks")
+        new_blocks: list[Any] = blocks[first:end]
+        if not _is_subset(new_blocks, self._in_use):  # free, foreign or null blocks
+            self._check_owned([b for b in new_blocks if b is not self.null_block])
+        if not self.enable_caching:
+            return
+        hashes: Sequence[BlockHash] | BlockHashListWithBlockSize = request_hashes
         if block_size != self.hash_block_size:
-            hashes = BlockHashListWithBlockSize(request.block_hashes, self.hash_block_size,
-                                                block_size)
-        if num_cached_blocks < 0 or num_full_blocks > min(len(blocks), len(hashes)):
+            hashes = BlockHashListWithBlockSize(request_hashes, self.hash_block_size, block_size)
+        if end > len(hashes):
             raise InvalidBlockHashError(
-                f"cannot cache blocks [{num_cached_blocks}, {num_full_blocks}) of "
-                f"{len(blocks)} blocks with {len(hashes)} block hashes"
-            )
-        new_blocks = blocks[num_cached_blocks:num_full_blocks]
-        new_hashes = hashes[num_cached_blocks:num_full_blocks]
+                f"cannot cache blocks [{first}, {end}) with {len(hashes)} block hashes")
+        new_hashes = hashes[first:end]
         if type(new_hashes) is not list:
             new_hashes = list(new_hashes)
-        if not self._in_use.issuperset(new_blocks):  # free, foreign or null blocks
-            null = self.null_block
-            if null in new_blocks:
-                kept = [i for i, b in enumerate(new_blocks) if b is not null]
-                new_blocks = [new_blocks[i] for i in kept]
-                new_hashes = [new_hashes[i] for i in kept]
-            self._check_owned(new_blocks)
+        null = self.null_block
+        if null in new_blocks:
+            kept = [i for i, b in enumerate(new_blocks) if b is not null]
+            new_blocks = [new_blocks[i] for i in kept]
+            new_hashes = [new_hashes[i] for i in kept]
         if not new_blocks:
             return
-        group = self._groups.get(kv_cache_group_id)
-        if group is None:
-            _suffix(kv_cache_group_id)  # refuses a malformed group id
         key_of = self._key_of
         if not key_of.keys().isdisjoint(new_blocks):
             keyed = next(b for b in new_blocks if b in key_of)
             raise BlockAlreadyCachedError(
                 f"block {keyed.block_id} already has a key {keyed.block_hash!r}"
             )
+        if len(set(new_blocks)) != len(new_blocks):
+            raise BlockAlreadyCachedError(
+                f"a block appears twice in {[b.block_id for b in new_blocks]}")
         if list(map(type, new_hashes)).count(bytes) != len(new_hashes):
             bad = next(h for h in new_hashes if type(h) is not bytes)
             raise InvalidBlockHashError(f"block hash must be bytes, got {bad!r}")
-        num_keyed = len(key_of)
+        stored = None
+        if self.enable_kv_cache_events:
+            stored = self._stored_event(request, hashes, new_hashes, first, end, block_size)
+        # Nothing has changed yet; from here on nothing can fail.
         key_of.update(zip(new_blocks, new_hashes, strict=True))
-        if len(key_of) - num_keyed != len(new_blocks):  # a block listed twice: undo
-            for block in new_blocks:
-                key_of.pop(block, None)
-            raise BlockAlreadyCachedError(
-                f"a block appears twice in {[b.block_id for b in new_blocks]}"
-            )
-        if kv_cache_group_id:
-            self._group_of.update(zip(new_blocks, repeat(kv_cache_group_id)))
+        if group_id:
+            self._group_of.update(zip(new_blocks, repeat(group_id)))
+        group = self._groups.get(group_id)
         if group is None:
-            group = self._groups[kv_cache_group_id] = {}
+            group = self._groups[group_id] = {}
         num_hashes = len(group)
         if group.keys().isdisjoint(new_hashes):
             group.update(zip(new_hashes, new_blocks, strict=True))
@@ -362,19 +443,42 @@ class BlockPool:
         if not inserted:
             insert = self.cached_block_hash_to_block._insert
             for block_hash, block in zip(new_hashes, new_blocks, strict=True):
-                insert(kv_cache_group_id, block_hash, block)
-        if self.enable_kv_cache_events:
-            lora = getattr(request, "lora_request", None)
-            parent = hashes[num_cached_blocks - 1] if num_cached_blocks > 0 else None
-            self.kv_event_queue.append(host_types.BlockStored(
-                block_hashes=[maybe_convert_block_hash(BlockHash(key_of[b])) for b in new_blocks],
-                parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
-                token_ids=list(request.all_token_ids[
-                    num_cached_blocks * block_size : num_full_blocks * block_size]),
-                block_size=block_size,
-                lora_id=None if lora is None else lora.adapter_id,
-                medium=MEDIUM_GPU,
-            ))
+                insert(group_id, block_hash, block)
+        if stored is not None:
+            self.kv_event_queue.append(stored)
+
+    def _stored_event(
+        self, request: object, hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
+        new_hashes: list[BlockHash], first: int, end: int, block_size: int,
+    ) -> Any:
+        """The ``BlockStored`` event of keying blocks [first, end), or a typed refusal when the
+        request's token ids or LoRA cannot make one (checked before anything is keyed)."""
+        tokens = getattr(request, "all_token_ids", None)
+        try:
+            token_ids = list(tokens[first * block_size : end * block_size])  # type: ignore[index]
+        except TypeError:
+            raise InvalidRequestForCachingError(
+                f"the request's all_token_ids must be a sequence of ints, got {tokens!r}"
+            ) from None
+        if len(token_ids) != (end - first) * block_size or sum(
+                1 for t in token_ids if type(t) is int) != len(token_ids):
+            raise InvalidRequestForCachingError(
+                f"the request's all_token_ids {tokens!r} do not hold "
+                f"{(end - first) * block_size} int token ids from {first * block_size}")
+        lora = getattr(request, "lora_request", None)
+        lora_id = None if lora is None else getattr(lora, "adapter_id", None)
+        if lora is not None and type(lora_id) is not int:
+            raise InvalidRequestForCachingError(
+                f"the request's lora_request {lora!r} has no int adapter_id")
+        parent = hashes[first - 1] if first > 0 else None
+        return host_types.BlockStored(
+            block_hashes=[maybe_convert_block_hash(h) for h in new_hashes],
+            parent_block_hash=None if parent is None else maybe_convert_block_hash(parent),
+            token_ids=token_ids,
+            block_size=block_size,
+            lora_id=lora_id,
+            medium=MEDIUM_GPU,
+        )
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -386,7 +490,7 @@ class BlockPool:
             )
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
-        blocks = self.free_block_queue.popleft_n(num_blocks)
+        blocks = self.free_block_queue._take(num_blocks)
         key_of = self._key_of
         if key_of and not key_of.keys().isdisjoint(blocks):
             self._evict_all(list(filter(key_of.__contains__, blocks)))
@@ -417,26 +521,30 @@ class BlockPool:
                         medium=MEDIUM_GPU)
                 for block_hash in hashes)
 
-    def touch(self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock]) -> None:
+    def touch(
+        self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock] | object
+    ) -> None:
         """A prefix-cache hit: free blocks leave the free queue, every ref count + 1.
 
         Takes vLLM 0.13's tuple of per-group block lists, or one flat list (0.33).
         """
-        flat: list[KVCacheBlock] = (
-            list(blocks) if not blocks or isinstance(blocks[0], KVCacheBlock)  # type: ignore[arg-type]
-            else list(chain.from_iterable(blocks))  # type: ignore[arg-type]
-        )
+        items = _listed(blocks, "blocks")
+        flat: list[Any]
+        if items and not isinstance(items[0], KVCacheBlock):  # per-group lists
+            flat = []
+            for group in items:
+                flat += _listed(group, "each group of blocks")
+        else:
+            flat = items
         in_use = self._in_use
-        if in_use.issuperset(flat):
+        if _is_subset(flat, in_use):
             self._share(flat)
-        else:  # some are free (or the null block, which is never in use)
-            leaving = [b for b in flat if b not in in_use]
+        else:  # some are free (or the null block, which is never in use), or strangers
             null = self.null_block
-            if null in leaving:
-                flat = [b for b in flat if b is not null]
-                leaving = [b for b in leaving if b is not null]
+            flat = [b for b in flat if b is not null]
+            self._check_owned(flat)
+            leaving = [b for b in flat if b not in in_use]
             if len(set(leaving)) == len(leaving):
-                self._check_owned(leaving)
                 self.free_block_queue._remove_free(leaving)
                 if len(leaving) < len(flat):
                     self._share([b for b in flat if b in in_use])
@@ -464,16 +572,15 @@ class BlockPool:
             rest.remove(block)
         self._share(rest)
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock] | object) -> None:
         """Ref - 1 for each block; blocks reaching 0 go to the free queue's tail in order."""
-        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        blocks: list[Any] = _listed(ordered_blocks, "blocks")
         in_use, shared = self._in_use, self._shared
-        if not in_use.issuperset(blocks):
+        if not _is_subset(blocks, in_use):
             null = self.null_block
-            if null in blocks:
-                blocks = [b for b in blocks if b is not null]
+            blocks = [b for b in blocks if b is not null]
+            self._check_owned(blocks)
             if not in_use.issuperset(blocks):
-                self._check_owned(blocks)
                 stranger = next(b for b in blocks if b not in in_use)
                 raise BlockNotInUseError(f"block {stranger.block_id} is freed with ref count 0")
         listed, still_shared = blocks, None
@@ -494,7 +601,7 @@ class BlockPool:
                 block._extra_refs -= 1
                 if not block._extra_refs:
                     shared.discard(block)
-        self.free_block_queue.append_n(blocks)
+        self.free_block_queue._extend(blocks)
 
     def _free_one_by_one(self, blocks: list[KVCacheBlock]) -> None:
         """free_blocks() when a block is listed twice: each listing drops one reference."""
@@ -513,17 +620,18 @@ class BlockPool:
             block._extra_refs = max(refs - 1, 0)
             if refs <= 1:
                 self._shared.discard(block)
-        self.free_block_queue.append_n(zeroed)
+        self.free_block_queue._extend(zeroed)
 
-    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+    def evict_blocks(self, block_ids: Iterable[int] | object) -> None:
         """Drop the keys of the given blocks, in the order the set iterates (as vLLM does);
         ref counts and the free queue stay. Every id is checked before any key goes."""
-        ids = list(dict.fromkeys(block_ids))
-        for block_id in ids:
+        listed = _listed(block_ids, "block_ids")
+        for block_id in listed:
             if type(block_id) is not int or not 0 <= block_id < self.num_gpu_blocks:
                 raise BlockNotInPoolError(
                     f"block id {block_id!r} is outside the pool of {self.num_gpu_blocks} blocks"
                 )
+        ids: list[int] = list(dict.fromkeys(listed))
         for block_id in ids:
             block = self._objects[block_id]
             if block is not None:

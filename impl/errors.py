@@ -25,8 +25,19 @@ class BlockNotFreeError(LookupError):
     """A block that is not in the free queue was asked to leave it."""
 
 
-class BlockOwnershipError(AttributeError):
-    """A pool block's ref count or hash was written directly instead of through its pool."""
+class InvalidFreeQueueArgument(ValueError):
+    """A free queue was handed something that is not a block it may take: not a block, a
+    block already queued (here or in another queue), a block listed twice, a bad count."""
+
+
+class InvalidBlockFieldError(ValueError):
+    """A ``KVCacheBlock`` field given a value of the wrong type (an id that is not an int, a
+    hash that is not bytes, ...)."""
+
+
+class BlockOwnershipError(ValueError):
+    """A write that belongs to a block's owner: a pool block's ref count or hash set directly,
+    a queue's links written, the pool's own free queue changed other than through the pool."""
 
 
 # ---------------------------------------- block pool
@@ -38,6 +49,20 @@ class BlockPoolError(Exception):
 
 class InvalidBlockCountError(BlockPoolError, ValueError):
     """A negative or non-integer number of blocks."""
+
+
+class InvalidPoolConfigError(BlockPoolError, ValueError):
+    """A pool built with a setting no pool can have (a flag that is not a bool, a hash block
+    size that is not a positive int, a metrics collector that is not one)."""
+
+
+class InvalidBlockListError(BlockPoolError, ValueError):
+    """A blocks (or block ids) argument that is not an iterable of them."""
+
+
+class InvalidRequestForCachingError(BlockPoolError, ValueError):
+    """A request ``cache_full_blocks`` cannot key blocks for: its hashes, token ids or LoRA
+    are not what vLLM's Request holds."""
 
 
 class NotEnoughFreeBlocksError(BlockPoolError, ValueError):

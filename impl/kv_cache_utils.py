@@ -23,13 +23,16 @@ The order is exactly the linked list's: head first, appends at the tail, removal
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from kvspec.impl import hashing as _hashing
 from kvspec.impl.errors import (
+    BlockAlreadyCachedError,
     BlockNotFreeError as BlockNotFreeError,
     BlockOwnershipError as BlockOwnershipError,
+    InvalidBlockFieldError as InvalidBlockFieldError,
+    InvalidFreeQueueArgument as InvalidFreeQueueArgument,
     NoFreeBlocksError as NoFreeBlocksError,
 )
 from kvspec.impl.hashing import (
@@ -90,6 +93,7 @@ __all__ = [
     "BlockNotFreeError",
     "ExternalBlockHash",
     "FreeKVCacheBlockQueue",
+    "InvalidFreeQueueArgument",
     "KVCacheBlock",
     "NoFreeBlocksError",
     "check_enough_kv_cache_memory",
@@ -127,6 +131,27 @@ __all__ = [
 NONE_HASH: BlockHash = _hashing.NONE_HASH
 
 
+def _blocks_argument(blocks: object) -> list[KVCacheBlock]:
+    """``blocks`` read whole into a list of distinct ``KVCacheBlock``s, or a typed refusal."""
+    if type(blocks) is list:
+        listed: list[object] = blocks
+    else:
+        try:
+            iterator = iter(blocks)  # type: ignore[call-overload]
+        except TypeError:
+            raise InvalidFreeQueueArgument(
+                f"blocks must be an iterable of KVCacheBlock, got {blocks!r}") from None
+        listed = list(iterator)  # the caller's own failure, if any, comes through as it is
+    for block in listed:
+        if not isinstance(block, KVCacheBlock):
+            raise InvalidFreeQueueArgument(f"{block!r} is not a KVCacheBlock")
+    if len({id(block) for block in listed}) != len(listed):
+        twice = next(b for i, b in enumerate(listed) if any(b is c for c in listed[:i]))
+        raise InvalidFreeQueueArgument(
+            f"block {twice.block_id} is listed twice")  # type: ignore[attr-defined]
+    return listed  # type: ignore[return-value]
+
+
 class KVCacheBlock:
     """One KV-cache block's metadata.
 
@@ -140,23 +165,34 @@ class KVCacheBlock:
 
     def __init__(
         self,
-        block_id: int,
-        ref_cnt: int = 0,
-        _block_hash: BlockHashWithGroupId | None = None,
-        prev_free_block: KVCacheBlock | None = None,
-        next_free_block: KVCacheBlock | None = None,
-        is_null: bool = False,
+        block_id: int | object,
+        ref_cnt: int | object = 0,
+        _block_hash: BlockHashWithGroupId | object | None = None,
+        prev_free_block: KVCacheBlock | object | None = None,
+        next_free_block: KVCacheBlock | object | None = None,
+        is_null: bool | object = False,
     ) -> None:
-        self.block_id = block_id
-        self._ref_cnt = ref_cnt
-        self._block_hash = _block_hash
-        self.is_null = is_null
+        if type(block_id) is not int:
+            raise InvalidBlockFieldError(f"block_id must be an int, got {block_id!r}")
+        if type(ref_cnt) is not int:
+            raise InvalidBlockFieldError(f"ref_cnt must be an int, got {ref_cnt!r}")
+        if _block_hash is not None and type(_block_hash) is not bytes:
+            raise InvalidBlockFieldError(f"a block hash must be bytes, got {_block_hash!r}")
+        for link in (prev_free_block, next_free_block):
+            if link is not None and not isinstance(link, KVCacheBlock):
+                raise InvalidBlockFieldError(f"a free-list link must be a block, got {link!r}")
+        if type(is_null) is not bool:
+            raise InvalidBlockFieldError(f"is_null must be a bool, got {is_null!r}")
+        self.block_id: int = block_id
+        self._ref_cnt: int = ref_cnt
+        self._block_hash: BlockHashWithGroupId | None = _block_hash  # type: ignore[assignment]
+        self.is_null: bool = is_null
         self._pool: BlockPool | None = None
         self._extra_refs = 0  # a pool block's ref count minus 1, while it is shared
         # A block outside any free queue keeps the pointers it was given (vLLM's fields);
         # inside one, they are read from the queue (see prev_free_block).
-        self._prev = prev_free_block
-        self._next = next_free_block
+        self._prev: KVCacheBlock | None = prev_free_block  # type: ignore[assignment]
+        self._next: KVCacheBlock | None = next_free_block  # type: ignore[assignment]
         self._queue: FreeKVCacheBlockQueue | None = None  # a standalone queue holding it
 
     @classmethod
@@ -171,12 +207,14 @@ class KVCacheBlock:
         return self._ref_cnt if pool is None else pool._ref_count(self)
 
     @ref_cnt.setter
-    def ref_cnt(self, value: int) -> None:
+    def ref_cnt(self, value: int | object) -> None:
         if self._pool is not None:
             raise BlockOwnershipError(
                 f"block {self.block_id}'s ref count belongs to its BlockPool; use "
                 f"touch/free_blocks instead of setting ref_cnt={value!r}"
             )
+        if type(value) is not int:
+            raise InvalidBlockFieldError(f"ref_cnt must be an int, got {value!r}")
         self._ref_cnt = value
 
     @property
@@ -191,14 +229,17 @@ class KVCacheBlock:
         return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
 
     @block_hash.setter
-    def block_hash(self, block_hash: BlockHashWithGroupId) -> None:
+    def block_hash(self, block_hash: BlockHashWithGroupId | object) -> None:
         if self._pool is not None:
             raise BlockOwnershipError(
                 f"block {self.block_id}'s hash belongs to its BlockPool; use cache_full_blocks"
             )
+        if type(block_hash) is not bytes:
+            raise InvalidBlockFieldError(f"a block hash must be bytes, got {block_hash!r}")
         if self._block_hash is not None:
-            raise ValueError(f"block {self.block_id} already has a hash: {self._block_hash!r}")
-        self._block_hash = block_hash
+            raise BlockAlreadyCachedError(
+                f"block {self.block_id} already has a hash: {self._block_hash!r}")
+        self._block_hash = BlockHashWithGroupId(block_hash)
 
     def reset_hash(self) -> None:
         if self._pool is not None:
@@ -219,9 +260,8 @@ class KVCacheBlock:
         return self._prev if queue is None else queue._neighbour(self, -1)
 
     @prev_free_block.setter
-    def prev_free_block(self, block: KVCacheBlock | None) -> None:
-        self._refuse_link_write()
-        self._prev = block
+    def prev_free_block(self, block: KVCacheBlock | object | None) -> None:
+        self._prev = self._link(block)
 
     @property
     def next_free_block(self) -> KVCacheBlock | None:
@@ -231,9 +271,8 @@ class KVCacheBlock:
         return self._next if queue is None else queue._neighbour(self, 1)
 
     @next_free_block.setter
-    def next_free_block(self, block: KVCacheBlock | None) -> None:
-        self._refuse_link_write()
-        self._next = block
+    def next_free_block(self, block: KVCacheBlock | object | None) -> None:
+        self._next = self._link(block)
 
     def _free_queue(self) -> FreeKVCacheBlockQueue | None:
         """The free queue this block is in, if any."""
@@ -244,11 +283,15 @@ class KVCacheBlock:
             return None
         return pool.free_block_queue
 
-    def _refuse_link_write(self) -> None:
+    def _link(self, block: object) -> KVCacheBlock | None:
+        """A link a block outside every queue and pool may be given (vLLM's plain fields)."""
         if self._free_queue() is not None or self._pool is not None:
             raise BlockOwnershipError(
                 f"block {self.block_id}'s free-queue links belong to its queue; they are read-only"
             )
+        if block is not None and not isinstance(block, KVCacheBlock):
+            raise InvalidBlockFieldError(f"a free-list link must be a block, got {block!r}")
+        return block
 
     def __repr__(self) -> str:
         return (
@@ -265,19 +308,29 @@ class FreeKVCacheBlockQueue:
     ``next_free_block`` are a read-only view of that list in vLLM's linked-list terms.
 
     A queue built directly from blocks (``FreeKVCacheBlockQueue(blocks)``, as vLLM's callers
-    and tests do) marks its members, so that a block knows it is queued; the pool's own queue
-    does not pay for that per block: a pool block is queued exactly when its ref count is 0.
+    and tests do) marks its members, so that a block knows it is queued, and every operation
+    checks its argument before changing anything: a block must be a ``KVCacheBlock`` of no
+    pool, in no other queue, listed once. The pool's own queue does not pay for that per block
+    (a pool block is queued exactly when its ref count is 0): the pool moves blocks through its
+    unchecked ``_take``, ``_extend`` and ``_remove_free``, and the public mutators refuse to
+    change it behind the pool's back.
     """
 
-    def __init__(self, blocks: list[KVCacheBlock]) -> None:
-        self._entries: list[KVCacheBlock] = list(blocks)
+    def __init__(self, blocks: Iterable[KVCacheBlock] | object) -> None:
+        entries = _blocks_argument(blocks)
+        for block in entries:
+            if block._pool is not None or block._queue is not None:
+                raise InvalidFreeQueueArgument(
+                    f"block {block.block_id} already belongs to "
+                    f"{'a pool' if block._pool is not None else 'a free queue'}")
+        self._entries: list[KVCacheBlock] = entries
         self._head = 0
         self._stale: dict[KVCacheBlock, int] = {}
         self._num_stale = 0
         self._fresh_next = 0
         self._fresh_end = 0
         self._materialize: Callable[[int, int], list[KVCacheBlock]] | None = None
-        self.num_free_blocks = len(blocks)
+        self.num_free_blocks = len(entries)
         self._marks_members = True
         for block in self._entries:
             block._queue = self
@@ -301,15 +354,24 @@ class FreeKVCacheBlockQueue:
     # -- taking blocks out ---------------------------------------------------------------
 
     def popleft(self) -> KVCacheBlock:
+        self._refuse_for_pool("popleft")
         if self.num_free_blocks == 0:
             raise NoFreeBlocksError("No free blocks available")
-        return self.popleft_n(1)[0]
+        return self._take(1)[0]
 
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        if not 0 <= n <= self.num_free_blocks:
+    def popleft_n(self, n: int | object) -> list[KVCacheBlock]:
+        self._refuse_for_pool("popleft_n")
+        if type(n) is not int or n < 0:
+            raise InvalidFreeQueueArgument(f"the number of blocks to pop must be an int >= 0, "
+                                           f"got {n!r}")
+        if n > self.num_free_blocks:
             raise NoFreeBlocksError(
                 f"cannot pop {n} blocks from a free queue of {self.num_free_blocks}"
             )
+        return self._take(n)
+
+    def _take(self, n: int) -> list[KVCacheBlock]:
+        """The first ``n`` free blocks, out of the queue (0 <= n <= num_free_blocks)."""
         if n == 0:
             return []
         self.num_free_blocks -= n
@@ -354,18 +416,14 @@ class FreeKVCacheBlockQueue:
                 block._queue = None
         return taken if fresh is None else fresh + taken
 
-    def remove(self, block: KVCacheBlock) -> None:
-        """Take a free block out of the queue. Checks membership by counting (O(free));
-        BlockPool, which knows which blocks are free, uses the unchecked ``_remove_free``."""
-        if not self._holds(block):
+    def remove(self, block: KVCacheBlock | object) -> None:
+        """Take a queued block out of the queue, wherever it is."""
+        self._refuse_for_pool("remove")
+        if not isinstance(block, KVCacheBlock):
+            raise BlockNotFreeError(f"{block!r} is not a block, so not in the free queue")
+        if block._queue is not self:
             raise BlockNotFreeError(f"block {block.block_id} is not in the free queue")
         self._remove_free([block])
-
-    def _holds(self, block: KVCacheBlock) -> bool:
-        if self._fresh_next <= block.block_id < self._fresh_end and self._materialize:
-            return self._materialize(block.block_id, block.block_id + 1)[0] is block
-        listed = sum(1 for b in self._entries[self._head :] if b is block)
-        return listed > self._stale.get(block, 0)
 
     def _remove_free(self, blocks: list[KVCacheBlock]) -> None:
         """Take blocks known to be free (each once) out of the queue."""
@@ -410,18 +468,36 @@ class FreeKVCacheBlockQueue:
 
     # -- putting blocks back -------------------------------------------------------------
 
-    def append(self, block: KVCacheBlock) -> None:
-        self._entries.append(block)
-        self.num_free_blocks += 1
-        if self._marks_members:
-            block._queue = self
+    def append(self, block: KVCacheBlock | object) -> None:
+        """Put a block at the tail (it will be reused last)."""
+        self.append_n([block])
 
-    def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+    def append_n(self, blocks: Iterable[KVCacheBlock] | object) -> None:
+        """Put blocks at the tail, in order. The argument is read whole and checked before the
+        queue changes."""
+        self._refuse_for_pool("append_n")
+        joining = _blocks_argument(blocks)
+        for block in joining:
+            if block._pool is not None:
+                raise InvalidFreeQueueArgument(
+                    f"block {block.block_id} belongs to a pool, which frees it itself")
+            if block._queue is not None:
+                raise InvalidFreeQueueArgument(f"block {block.block_id} is already queued")
+        self._extend(joining)
+
+    def _extend(self, blocks: list[KVCacheBlock]) -> None:
+        """Put blocks known to be out of every queue (each once) at the tail."""
         self._entries.extend(blocks)
         self.num_free_blocks += len(blocks)
         if self._marks_members:
             for block in blocks:
                 block._queue = self
+
+    def _refuse_for_pool(self, operation: str) -> None:
+        if not self._marks_members:
+            raise BlockOwnershipError(
+                f"{operation} on a BlockPool's own free queue: the pool moves its blocks "
+                f"(get_new_blocks, free_blocks, touch), or its ref counts would disagree")
 
     # -- inspection ----------------------------------------------------------------------
 

@@ -481,7 +481,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
         block_size = as_kv_cache_spec(kv_cache_spec).block_size * dcp_world_size * pcp_world_size
-        max_blocks = min(max_length // block_size, len(block_hashes))
+        max_blocks = max(min(max_length // block_size, len(block_hashes)), 0)
         hits = [block_pool.get_cached_prefix(block_hashes, group_id, max_blocks)
                 for group_id in kv_cache_group_ids]
         num_blocks = _trim_full_hit(min(map(len, hits)), block_size, alignment_tokens,

@@ -275,21 +275,26 @@ def cache_full_blocks(
 
     One Stored event covers the newly keyed blocks; its parent is the request's hash before
     them (even when that block is null). Nothing happens when num_cached >= num_full or when
-    caching is off; a range of only null blocks emits an empty Stored event under vllm-0.33
+    caching is off (the range and its blocks are still checked); a range of only null blocks
+    emits an empty Stored event under vllm-0.33
     (`Profile.stored_event_when_nothing_keyed`) and nothing under vllm-0.13.
 
     pre: len(state.ref) == len(state.key_of) == state.num_blocks
     pre: 0 <= group_id < 2 ** 32
     raises: PoolError
     """
-    if num_cached >= num_full or not state.enable_caching:
+    if num_cached < 0 or num_full < 0:
+        raise BadHash(f"cannot cache blocks [{num_cached}, {num_full}): a negative index")
+    if num_cached >= num_full:
         return state
-    if num_cached < 0 or num_full > min(len(blocks), len(block_hashes)):
-        raise BadHash(
-            f"cannot cache blocks [{num_cached}, {num_full}) of {len(blocks)} blocks with "
-            f"{len(block_hashes)} hashes"
-        )
+    if num_full > len(blocks):
+        raise BadHash(f"cannot cache blocks [{num_cached}, {num_full}) of {len(blocks)} blocks")
     _check_ids(state, blocks[num_cached:num_full])
+    if not state.enable_caching:  # the blocks are checked all the same: bad input is refused
+        return state
+    if num_full > len(block_hashes):
+        raise BadHash(
+            f"cannot cache blocks [{num_cached}, {num_full}) with {len(block_hashes)} hashes")
     new = [(b, make_key(h, group_id)) for b, h in
            zip(blocks[num_cached:num_full], block_hashes[num_cached:num_full], strict=True)
            if b != NULL_BLOCK]

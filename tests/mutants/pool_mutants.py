@@ -71,7 +71,7 @@ def null_block_enters_free_queue() -> None:
         real = [b for b in blocks if b is not self.null_block]
         BlockPool._free_one_by_one(self, real)
         if len(real) != len(blocks):
-            self.free_block_queue.append_n([self.null_block])
+            self.free_block_queue._extend([self.null_block])
     replace(BlockPool, "free_blocks", free_blocks)
 
 
@@ -103,21 +103,21 @@ def usage_counts_null_block() -> None:
 
 
 def popleft_n_loses_count_on_error() -> None:
-    """get_new_blocks() leaves the size check to popleft_n, which counts before it checks."""
-    def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
+    """get_new_blocks() leaves the size check to the free queue, which counts before it checks."""
+    def take(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
         self.num_free_blocks -= n
         if self.num_free_blocks < 0 or n < 0:
             raise kcu.NoFreeBlocksError(f"cannot pop {n} blocks")
         self.num_free_blocks += n
-        return original_popleft_n(self, n)
+        return original_take(self, n)
 
     def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
-        blocks = self.free_block_queue.popleft_n(num_blocks)
+        blocks = self.free_block_queue._take(num_blocks)
         self._evict_all([b for b in blocks if b in self._key_of])
         self._in_use.update(blocks)
         return blocks
-    original_popleft_n = FreeKVCacheBlockQueue.popleft_n
-    replace(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
+    original_take = FreeKVCacheBlockQueue._take
+    replace(FreeKVCacheBlockQueue, "_take", take)
     replace(BlockPool, "get_new_blocks", get_new_blocks)
 
 
@@ -185,7 +185,7 @@ def alloc_keeps_stale_key() -> None:
     def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
         if num_blocks < 0 or num_blocks > self.get_num_free_blocks():
             raise bp.NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks")
-        blocks = self.free_block_queue.popleft_n(num_blocks)
+        blocks = self.free_block_queue._take(num_blocks)
         self._in_use.update(blocks)
         return blocks
     replace(BlockPool, "get_new_blocks", get_new_blocks)
@@ -237,7 +237,7 @@ def evict_requeues_free_block() -> None:
         for block_id in sorted(block_ids):
             block = self.blocks[block_id]
             if block_id and block.ref_cnt == 0:
-                self.free_block_queue.append(block)
+                self.free_block_queue._extend([block])
     replace(BlockPool, "evict_blocks", evict_blocks)
 
 
@@ -303,14 +303,14 @@ def evict_out_of_range_not_atomic() -> None:
 
 
 def stale_entry_handed_out() -> None:
-    """popleft_n() forgets that a hit block's old queue entry is stale and hands it out."""
-    original = FreeKVCacheBlockQueue.popleft_n
+    """The free queue forgets that a hit block's old queue entry is stale and hands it out."""
+    original = FreeKVCacheBlockQueue._take
 
-    def popleft_n(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
+    def take(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
         self._stale.clear()
         self._num_stale = 0
         return original(self, n)
-    replace(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
+    replace(FreeKVCacheBlockQueue, "_take", take)
 
 
 def shared_touch_counts_once() -> None:
