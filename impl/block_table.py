@@ -24,7 +24,8 @@ What makes the CPU path fast
   arrays (a Python scalar costs a conversion per call), power-of-two block sizes divide by
   shifting, and the scratch views for a batch size are cut once and reused.
 * Its input checks are one ``argmax`` per index array viewed as unsigned: a negative value
-  becomes huge, so "outside ``[0, limit)``" is a single comparison.
+  becomes huge, so "outside ``[0, limit)``" is a single comparison (against at most
+  ``2**(bits-1)`` for a narrow signed dtype, whose -1 is only 255 or 65535).
 * The tail past the batch is re-padded only as far as the previous batch reached.
 * ``append_row`` of a short list (the scheduler's case) writes the table, the shadow and
   the bookkeeping element by element through ``memoryview``s of the numpy arrays: cheaper
@@ -49,7 +50,12 @@ computed on the device from ``block_table.gpu`` by impl/slot_mapping_triton.py, 
 included; ``slot_mapping.np`` is then not written and ``commit_slot_mapping`` has nothing
 to copy.
 
-Every input is checked before anything changes: a refused call leaves all tables as they were.
+Every input is checked before anything changes: a refused call raises a ``BlockTableError``
+(a ``ValueError`` or ``IndexError``) naming the value and leaves all tables, host and device,
+as they were. Block ids and batches may be lists, tuples or other sequences of ints (checked
+element by element: numpy would take ``[True, 2]`` as ``[1, 2]``), numpy integer arrays of any
+width and byte order, or integer tensors; rows and counts Python or numpy ints. Batches
+already on the device are checked for dtype and shape only (their values would cost a sync).
 """
 
 from __future__ import annotations
@@ -61,7 +67,13 @@ import numpy as np
 import torch
 
 from kvspec.impl import host_types, slot_mapping_triton
-from kvspec.impl.utils import CpuGpuBuffer
+from kvspec.impl.utils import (
+    TORCH_INTEGER_DTYPES,
+    CpuGpuBuffer,
+    CpuGpuBufferError,
+    as_device,
+    as_int,
+)
 
 PAD_SLOT_ID = -1
 INT32_LIMIT = 2**31
@@ -78,6 +90,12 @@ _UINT64 = np.dtype(np.uint64)
 _RECTANGLE_ADVANTAGE = 8
 # Lists of up to this many block ids are checked in Python (cheaper than numpy for few ids).
 _SMALL_LIST = 64
+# Slots and positions are int64.
+_INT64_LIMIT = 2**63
+# Under context parallelism the table of local offsets has one entry per position of a
+# virtual block (kernel block size x CP world size), built in Python once.
+_MAX_VIRTUAL_BLOCK = 2**24
+_EMPTY_IDS = np.zeros(0, dtype=np.int64)
 
 
 class BlockTableError(Exception):
@@ -86,6 +104,10 @@ class BlockTableError(Exception):
 
 class RowIndexError(BlockTableError, IndexError):
     """A row index (or a token's request index) outside ``[0, max_num_reqs)``."""
+
+
+class GroupIndexError(BlockTableError, IndexError):
+    """A KV-cache group index outside ``[0, number of groups)``."""
 
 
 class RowCapacityError(BlockTableError, ValueError):
@@ -109,6 +131,108 @@ class BlockTableConfigError(BlockTableError, ValueError):
     kernel block size)."""
 
 
+# --- argument checks (each raises the typed error naming the value) ------------------------
+
+
+def _positive(name: str, value: object) -> int:
+    number = as_int(value)
+    if number is None or number < 1:
+        raise BlockTableConfigError(f"{name}={value!r} must be a positive integer")
+    return number
+
+
+def _index(value: object, stop: int, error: type[BlockTableError], what: str) -> int:
+    """``value`` as an int in ``[0, stop)``."""
+    number = as_int(value)
+    if number is None:
+        raise error(f"{what} {value!r} is not an integer")
+    if not 0 <= number < stop:
+        raise error(f"{what} {number} is outside [0, {stop})")
+    return number
+
+
+def _count(value: object, high: int, error: type[BlockTableError], name: str) -> int:
+    """``value`` as an int in ``[0, high]``."""
+    number = as_int(value)
+    if number is None:
+        raise error(f"{name}={value!r} is not an integer")
+    if not 0 <= number <= high:
+        raise error(f"{name}={number} is outside [0, {high}]")
+    return number
+
+
+def _rank(name: str, value: object, world_size: int) -> int:
+    """A context-parallel rank: an int in ``[0, world_size)``."""
+    number = as_int(value)
+    if number is None or not 0 <= number < world_size:
+        raise BlockTableConfigError(f"{name}={value!r} is outside [0, {world_size})")
+    return number
+
+
+def _cp_layout(
+    block_size: object, cp_world_size: object, cp_rank: object, interleave: object
+) -> tuple[int, int, int, int]:
+    """A context-parallel layout's numbers as ints (the spec's preconditions)."""
+    size = _positive("block_size", block_size)
+    world = _positive("cp_world_size", cp_world_size)
+    rank = _rank("cp_rank", cp_rank, world)
+    step = _positive("interleave", interleave)
+    if world > 1 and size % step:
+        # Otherwise a rank's local offsets run past its block into the next one.
+        raise BlockTableConfigError(f"interleave={step} does not divide block_size={size}")
+    return size, world, rank, step
+
+
+def _describe(value: object) -> str:
+    """``repr(value)``, cut short: enough to name a bad argument in a message."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({type(value).__name__})"
+
+
+def _integer_array(values: Any, name: str, error: type[BlockTableError]) -> np.ndarray:
+    """``values`` (a sequence of integers, a numpy integer array or an integer tensor) as a
+    1-D numpy integer array in native byte order, or ``error`` naming what is wrong. Reads
+    ``values`` whole and changes nothing.
+
+    A sequence is checked element by element (C-speed: the set of its element types), since
+    numpy would take ``[True, 2]`` as ``[1, 2]`` and ``[1, 2.5]`` as floats."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype not in TORCH_INTEGER_DTYPES:
+            raise error(f"{name} must hold integers, got a tensor of {values.dtype}")
+        values = values.detach().cpu().numpy()
+    if not isinstance(values, np.ndarray):
+        if isinstance(values, str | bytes | bytearray) or not isinstance(values, Sequence):
+            raise error(
+                f"{name} must be a sequence or an array of integers, got {_describe(values)}"
+            )
+        if not values:
+            return _EMPTY_IDS
+        if not set(map(type, values)) <= {int}:
+            for index, element in enumerate(values):
+                if as_int(element) is None:
+                    raise error(f"{name}[{index}] = {_describe(element)} is not an integer "
+                                f"(a {type(element).__name__})")
+        array = np.asarray(values)
+        if array.dtype.kind not in "iu":
+            # numpy holds these integers as objects or floats: one is outside int64.
+            for index, element in enumerate(values):
+                if not -(2**63) <= int(element) < 2**63:
+                    raise error(f"{name}[{index}] = {element} is outside the int64 range")
+            raise error(f"{name} {_describe(values)} is not an array of int64")
+        return array
+    if values.ndim != 1:
+        raise error(f"{name} must be 1-D, got shape {values.shape} of {values.dtype}")
+    if values.dtype.kind not in "iu":
+        if values.dtype.kind == "O":
+            return _integer_array(values.tolist(), name, error)
+        if values.size:
+            raise error(f"{name} must hold integers, got an array of {values.dtype}")
+        return _EMPTY_IDS
+    if not values.dtype.isnative:
+        return values.astype(values.dtype.newbyteorder("="))
+    return values
+
+
 # --- the slot of one token (scalar; the numpy path's offset table is built from these) ---
 
 
@@ -117,6 +241,9 @@ def cp_local_offset(
 ) -> int:
     """Where the token at ``offset`` into its virtual block sits in ``cp_rank``'s physical
     block, or ``PAD_SLOT_ID`` when another rank stores it."""
+    block_size, cp_world_size, cp_rank, interleave = _cp_layout(
+        block_size, cp_world_size, cp_rank, interleave)
+    offset = _index(offset, block_size * cp_world_size, PositionError, "offset")
     if (offset // interleave) % cp_world_size != cp_rank:
         return PAD_SLOT_ID
     return (offset // (cp_world_size * interleave)) * interleave + offset % interleave
@@ -133,8 +260,24 @@ def slot_of_token(
     interleave: int = 1,
 ) -> int:
     """The slot of one token, read from a row-major table with ``row_stride`` columns."""
+    block_size, cp_world_size, cp_rank, interleave = _cp_layout(
+        block_size, cp_world_size, cp_rank, interleave)
+    row_stride = _positive("row_stride", row_stride)
+    if not isinstance(flat_table, Sequence | np.ndarray) or isinstance(flat_table, str | bytes):
+        raise BlockIdError(f"flat_table {_describe(flat_table)} is not a sequence of block ids")
+    num_rows, rest = divmod(len(flat_table), row_stride)
+    if rest:
+        raise BlockTableConfigError(
+            f"row_stride={row_stride} does not divide the table's {len(flat_table)} entries")
+    row = _index(row, num_rows, RowIndexError, "row index")
     virtual_block_size = block_size * cp_world_size
-    block = flat_table[row * row_stride + position // virtual_block_size]
+    position = _index(position, row_stride * virtual_block_size, PositionError, "position")
+    column = position // virtual_block_size
+    block = as_int(flat_table[row * row_stride + column])
+    if block is None or block < 0:
+        raise BlockIdError(
+            f"the table holds {flat_table[row * row_stride + column]!r} at row {row}, "
+            f"column {column}: not a block id")
     local = cp_local_offset(
         position % virtual_block_size, block_size, cp_world_size, cp_rank, interleave
     )
@@ -143,9 +286,16 @@ def slot_of_token(
 
 def kernel_block_ids(block_ids: Sequence[int], blocks_per_kv_block: int) -> list[int]:
     """Manager block ``b`` becomes kernel blocks ``b*k .. b*k + k - 1``."""
-    return [
-        block * blocks_per_kv_block + j for block in block_ids for j in range(blocks_per_kv_block)
-    ]
+    factor = _positive("blocks_per_kv_block", blocks_per_kv_block)
+    if type(block_ids) is not list and (
+            not isinstance(block_ids, Sequence) or isinstance(block_ids, str | bytes)):
+        raise BlockIdError(f"block_ids {_describe(block_ids)} is not a sequence of block ids")
+    for index, block in enumerate(block_ids):
+        if type(block) is not int or block < 0:
+            number = as_int(block)
+            if number is None or number < 0:
+                raise BlockIdError(f"block_ids[{index}] = {_describe(block)} is not a block id")
+    return [block * factor + j for block in block_ids for j in range(factor)]
 
 
 def cp_offset_table(
@@ -153,6 +303,12 @@ def cp_offset_table(
 ) -> np.ndarray:
     """``cp_local_offset`` for every offset of a virtual block, ``_NOT_LOCAL`` for tokens of
     other ranks (so that ``block * B + entry`` is negative for them)."""
+    block_size, cp_world_size, cp_rank, interleave = _cp_layout(
+        block_size, cp_world_size, cp_rank, interleave)
+    if block_size * cp_world_size > _MAX_VIRTUAL_BLOCK:
+        raise BlockTableConfigError(
+            f"a virtual block of block_size={block_size} x cp_world_size={cp_world_size} "
+            f"positions is more than the {_MAX_VIRTUAL_BLOCK} an offset table holds")
     offsets = [
         cp_local_offset(offset, block_size, cp_world_size, cp_rank, interleave)
         for offset in range(block_size * cp_world_size)
@@ -218,25 +374,29 @@ def _pad_tail(slots: np.ndarray, start: int, stop: int) -> None:
 def _check_below(
     values: np.ndarray, limit: int, error: type[BlockTableError], name: str
 ) -> None:
-    """Raise ``error`` unless every value is in ``[0, limit)``: one argmax, since a negative
-    value viewed as unsigned is larger than any limit."""
-    unsigned = values.view(_UNSIGNED[values.dtype.itemsize]) if values.dtype.kind == "i" else values
+    """Raise ``error`` unless every value is in ``[0, limit)``: one argmax over the values
+    viewed as unsigned. A negative value of a signed dtype of ``b`` bits is at least
+    ``2**(b-1)`` when viewed so, and every non-negative one is below that: against the smaller
+    of ``limit`` and ``2**(b-1)`` one comparison refuses exactly the negatives and the values
+    past the limit (an int8 -1 read as 255 is below a limit of 1000)."""
+    bound = limit
+    unsigned = values
+    if values.dtype.kind == "i":
+        unsigned = values.view(_UNSIGNED[values.dtype.itemsize])
+        bound = min(limit, 1 << (8 * values.dtype.itemsize - 1))
     worst = int(unsigned.argmax())
-    if int(unsigned[worst]) >= limit:
+    if int(unsigned[worst]) >= bound:
         raise error(f"{name}[{worst}] = {int(values[worst])} is outside [0, {limit})")
 
 
-def _as_index_array(values: Any, name: str) -> np.ndarray:
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    indices = values if isinstance(values, np.ndarray) else np.asarray(values)
-    if indices.ndim != 1 or (indices.dtype.kind not in "iu" and indices.size):
-        raise TokenBatchError(
-            f"{name} must be a 1-D integer array, got shape {indices.shape} of {indices.dtype}"
-        )
-    if indices.dtype.kind not in "iu":
-        indices = indices.astype(np.int64)
-    return indices
+def _expand_kernel_blocks(
+    ids: np.ndarray, blocks_per_kv_block: int, kernel_block_arange: np.ndarray
+) -> np.ndarray:
+    """``BlockTable.map_to_kernel_blocks`` on checked arguments."""
+    if blocks_per_kv_block == 1:
+        return ids
+    expanded: np.ndarray = ids.reshape(-1, 1) * blocks_per_kv_block + kernel_block_arange
+    return expanded.reshape(-1)
 
 
 def _elements(values: np.ndarray) -> memoryview:
@@ -246,12 +406,6 @@ def _elements(values: np.ndarray) -> memoryview:
 
 def _power_of_two_shift(value: int) -> np.ndarray | None:
     return np.array(value.bit_length() - 1, dtype=np.int64) if value & (value - 1) == 0 else None
-
-
-def _positive(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise BlockTableConfigError(f"{name}={value!r} must be a positive integer")
-    return int(value)
 
 
 def _context_parallel(
@@ -298,16 +452,17 @@ class BlockTable:
         interleave = _positive("cp_kv_cache_interleave_size", cp_kv_cache_interleave_size)
         pcp_world_size = _positive("pcp_world_size", pcp_world_size)
         dcp_world_size = _positive("dcp_world_size", dcp_world_size)
+        pcp_rank = _rank("pcp_rank", pcp_rank, pcp_world_size)
+        dcp_rank = _rank("dcp_rank", dcp_rank, dcp_world_size)
+        if not isinstance(pin_memory, bool):
+            raise BlockTableConfigError(f"pin_memory={pin_memory!r} is not a bool")
+        target = as_device(device, BlockTableConfigError)
         if block_size % kernel_block_size != 0:
             raise BlockTableConfigError(
                 f"block_size={block_size} is not a multiple of "
                 f"kernel_block_size={kernel_block_size}"
             )
-        if not 0 <= pcp_rank < pcp_world_size or not 0 <= dcp_rank < dcp_world_size:
-            raise BlockTableConfigError(
-                f"CP ranks pcp_rank={pcp_rank}, dcp_rank={dcp_rank} are outside world sizes "
-                f"pcp={pcp_world_size}, dcp={dcp_world_size}"
-            )
+        blocks_per_kv_block = block_size // kernel_block_size
         cp_world_size = pcp_world_size * dcp_world_size
         if cp_world_size > 1 and kernel_block_size % interleave != 0:
             # Otherwise a rank's local offsets run past its block into the next one.
@@ -315,26 +470,46 @@ class BlockTable:
                 f"cp_kv_cache_interleave_size={interleave} does not divide the kernel block "
                 f"size {kernel_block_size}"
             )
+        if cp_world_size > 1 and kernel_block_size * cp_world_size > _MAX_VIRTUAL_BLOCK:
+            raise BlockTableConfigError(
+                f"pcp_world_size={pcp_world_size} x dcp_world_size={dcp_world_size} ranks of "
+                f"kernel blocks of {kernel_block_size}: a virtual block has more than "
+                f"{_MAX_VIRTUAL_BLOCK} positions"
+            )
+        # Kernel block ids are int32, slots int64.
+        int32_bound = INT32_LIMIT // blocks_per_kv_block
+        if int32_bound < 1:
+            raise BlockTableConfigError(
+                f"block_size={block_size} holds {blocks_per_kv_block} kernel blocks of "
+                f"kernel_block_size={kernel_block_size}: their ids do not fit int32"
+            )
         if num_blocks is not None:
             num_blocks = _positive("num_blocks", num_blocks)
-        if slot_mapping_backend not in _BACKENDS:
+            if num_blocks > int32_bound:
+                raise BlockTableConfigError(
+                    f"num_blocks={num_blocks}: the kernel block ids of at most {int32_bound} "
+                    f"blocks fit int32"
+                )
+        block_id_limit = int32_bound if num_blocks is None else num_blocks
+        if block_id_limit * block_size > _INT64_LIMIT:
+            raise BlockTableConfigError(
+                f"block_size={block_size}: the slots of {block_id_limit} blocks do not fit "
+                f"int64 (pass num_blocks, the pool's size)"
+            )
+        if type(slot_mapping_backend) is not str or slot_mapping_backend not in _BACKENDS:
             raise BlockTableConfigError(
                 f"slot_mapping_backend={slot_mapping_backend!r} is not one of {_BACKENDS}"
             )
+        if slot_mapping_backend == "triton" and not slot_mapping_triton.triton_available():
+            raise BlockTableConfigError("slot_mapping_backend='triton' needs triton installed")
 
         self.max_num_reqs = max_num_reqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.pin_memory = pin_memory
-        self.device = torch.device(device)
-        if kernel_block_size == block_size:
-            self.block_size = block_size
-            self.blocks_per_kv_block = 1
-            self.use_hybrid_blocks = False
-        else:
-            self.block_size = kernel_block_size
-            self.blocks_per_kv_block = block_size // kernel_block_size
-            self.use_hybrid_blocks = True
-        self._kernel_block_arange = np.arange(self.blocks_per_kv_block).reshape(1, -1)
+        self.device = target
+        self.block_size = kernel_block_size
+        self.blocks_per_kv_block = blocks_per_kv_block
+        self.use_hybrid_blocks = blocks_per_kv_block != 1
         self.max_num_blocks_per_req = max_num_blocks_per_req * self.blocks_per_kv_block
         self.pcp_world_size, self.pcp_rank = pcp_world_size, pcp_rank
         self.dcp_world_size, self.dcp_rank = dcp_world_size, dcp_rank
@@ -342,18 +517,31 @@ class BlockTable:
         self.num_blocks = num_blocks
         self._cp_world_size = cp_world_size
         self._cp_rank = pcp_rank * dcp_world_size + dcp_rank
-        int32_bound = INT32_LIMIT // self.blocks_per_kv_block
-        self._block_id_limit = int32_bound if num_blocks is None else min(num_blocks, int32_bound)
+        self._block_id_limit = block_id_limit
         width = self.max_num_blocks_per_req
-        self._position_limit = width * self.block_size * cp_world_size
+        # Positions are int64: a limit past 2**63 would let a negative one, viewed as unsigned,
+        # through the checks (with absurd block sizes).
+        self._position_limit = min(width * self.block_size * cp_world_size, _INT64_LIMIT)
 
-        self.block_table = CpuGpuBuffer(
-            max_num_reqs, width, dtype=torch.int32, device=self.device, pin_memory=pin_memory
-        )
+        try:
+            self.block_table = CpuGpuBuffer(
+                max_num_reqs, width, dtype=torch.int32, device=self.device,
+                pin_memory=pin_memory,
+            )
+            self.slot_mapping = CpuGpuBuffer(
+                max_num_batched_tokens, dtype=torch.int64, device=self.device,
+                pin_memory=pin_memory,
+            )
+        except CpuGpuBufferError as error:
+            raise BlockTableConfigError(
+                f"cannot allocate the tables of max_num_reqs={max_num_reqs} rows of "
+                f"max_num_blocks_per_req={max_num_blocks_per_req} blocks (of "
+                f"block_size={block_size}, kernel_block_size={kernel_block_size}) and "
+                f"max_num_batched_tokens={max_num_batched_tokens} slots on {target}: {error}"
+            ) from error
+        # After the table: its size bounds what these take.
+        self._kernel_block_arange = np.arange(self.blocks_per_kv_block).reshape(1, -1)
         self.num_blocks_per_row = np.zeros(max_num_reqs, dtype=np.int32)
-        self.slot_mapping = CpuGpuBuffer(
-            max_num_batched_tokens, dtype=torch.int64, device=self.device, pin_memory=pin_memory
-        )
         self.slot_mapping.np.fill(PAD_SLOT_ID)
         self.slot_mapping.gpu.fill_(PAD_SLOT_ID)
         self._table_np: np.ndarray = self.block_table.np
@@ -410,9 +598,10 @@ class BlockTable:
         self._views: tuple[np.ndarray, np.ndarray, np.ndarray] = (
             self._block_index, self._flat_index, self.slot_mapping.np
         )
+        # Used by the context-parallel slot mapping only.
         self._offset_table = cp_offset_table(
             self.block_size, cp_world_size, self._cp_rank, interleave
-        )
+        ) if cp_world_size > 1 else _EMPTY_IDS
         self._device_req_indices: CpuGpuBuffer | None = None
         self._device_positions: CpuGpuBuffer | None = None
 
@@ -428,12 +617,7 @@ class BlockTable:
     def _check_row(self, row_idx: Any) -> int:
         if type(row_idx) is int and 0 <= row_idx < self.max_num_reqs:
             return row_idx
-        if isinstance(row_idx, bool) or not isinstance(row_idx, int | np.integer):
-            raise RowIndexError(f"row index {row_idx!r} is not an integer")
-        row = int(row_idx)
-        if not 0 <= row < self.max_num_reqs:
-            raise RowIndexError(f"row index {row} is outside [0, {self.max_num_reqs})")
-        return row
+        return _index(row_idx, self.max_num_reqs, RowIndexError, "row index")
 
     def _kernel_ids(self, block_ids: Sequence[int] | np.ndarray) -> Sequence[int] | np.ndarray:
         """The checked block ids, as kernel block ids (a short list of ints stays a list)."""
@@ -446,16 +630,11 @@ class BlockTable:
                 if self.blocks_per_kv_block == 1:
                     return block_ids
                 return kernel_block_ids(block_ids, self.blocks_per_kv_block)
-        ids = block_ids if isinstance(block_ids, np.ndarray) else np.asarray(block_ids)
-        if ids.ndim != 1 or (ids.dtype.kind not in "iu" and ids.size):
-            raise BlockIdError(
-                f"block ids must be a 1-D sequence of integers, got {ids.dtype} of shape "
-                f"{ids.shape}"
-            )
+        ids = _integer_array(block_ids, "block_ids", BlockIdError)
         if ids.size:
             _check_below(ids, limit, BlockIdError, "block_ids")
         if self.blocks_per_kv_block != 1:
-            return self.map_to_kernel_blocks(
+            return _expand_kernel_blocks(
                 ids.astype(np.int64, copy=False), self.blocks_per_kv_block,
                 self._kernel_block_arange,
             )
@@ -601,10 +780,9 @@ class BlockTable:
         self, block_ids: Sequence[int] | np.ndarray, row_idx: int
     ) -> tuple[int, Sequence[int] | np.ndarray]:
         row = self._check_row(row_idx)
-        if not len(block_ids):
-            return row, block_ids
         kernel_ids = self._kernel_ids(block_ids)
-        self._check_capacity(row, self._counts_mv[row] + len(kernel_ids))
+        if len(kernel_ids):
+            self._check_capacity(row, self._counts_mv[row] + len(kernel_ids))
         return row, kernel_ids
 
     def _apply_append(self, row: int, kernel_ids: Sequence[int] | np.ndarray) -> None:
@@ -621,8 +799,6 @@ class BlockTable:
         self, block_ids: Sequence[int] | np.ndarray, row_idx: int
     ) -> tuple[int, Sequence[int] | np.ndarray]:
         row = self._check_row(row_idx)
-        if not len(block_ids):
-            return row, block_ids
         kernel_ids = self._kernel_ids(block_ids)
         self._check_capacity(row, len(kernel_ids))
         return row, kernel_ids
@@ -684,13 +860,23 @@ class BlockTable:
         blocks_per_kv_block: int,
         kernel_block_arange: np.ndarray,
     ) -> np.ndarray:
-        """Manager block ids to kernel block ids: ``b`` becomes ``b*k .. b*k + k - 1``."""
-        if blocks_per_kv_block == 1:
-            return kv_manager_block_ids
-        expanded: np.ndarray = (
-            kv_manager_block_ids.reshape(-1, 1) * blocks_per_kv_block + kernel_block_arange
-        )
-        return expanded.reshape(-1)
+        """Manager block ids to kernel block ids: ``b`` becomes ``b*k .. b*k + k - 1``
+        (``kernel_block_arange`` is ``np.arange(k).reshape(1, -1)``)."""
+        factor = _positive("blocks_per_kv_block", blocks_per_kv_block)
+        if not isinstance(kv_manager_block_ids, np.ndarray):
+            raise BlockIdError(
+                f"kv_manager_block_ids must be a numpy array, got "
+                f"{type(kv_manager_block_ids).__name__} {_describe(kv_manager_block_ids)}")
+        ids = _integer_array(kv_manager_block_ids, "kv_manager_block_ids", BlockIdError)
+        if ids.size:
+            _check_below(ids, INT32_LIMIT // factor, BlockIdError, "kv_manager_block_ids")
+        arange = kernel_block_arange
+        if not (isinstance(arange, np.ndarray) and arange.shape == (1, factor)
+                and np.array_equal(arange, np.arange(factor).reshape(1, -1))):
+            raise BlockTableConfigError(
+                f"kernel_block_arange must be np.arange({factor}).reshape(1, -1), got "
+                f"{_describe(arange)} of shape {getattr(arange, 'shape', None)}")
+        return _expand_kernel_blocks(ids, factor, arange)
 
     # --- slot mapping ---------------------------------------------------------------------
 
@@ -743,21 +929,29 @@ class BlockTable:
                 and req_indices.device == device and positions.device == device
             ):
                 # Already on the device: not checked against the table here (that would
-                # cost a sync); tokens outside the table get the pad slot.
-                num_tokens = int(positions.shape[0])
+                # cost a sync); tokens outside the table get the pad slot. Their dtypes and
+                # shapes are known on the host.
+                if (
+                    req_indices.dtype not in TORCH_INTEGER_DTYPES
+                    or positions.dtype not in TORCH_INTEGER_DTYPES
+                ):
+                    raise TokenBatchError(
+                        f"req_indices of {req_indices.dtype} and positions of "
+                        f"{positions.dtype}: a batch holds integers"
+                    )
                 if (
                     req_indices.dim() != 1 or positions.dim() != 1
-                    or req_indices.shape[0] != num_tokens
-                    or num_tokens > self.max_num_batched_tokens
+                    or req_indices.shape[0] != positions.shape[0]
+                    or positions.shape[0] > self.max_num_batched_tokens
                 ):
                     raise TokenBatchError(
                         f"req_indices of shape {tuple(req_indices.shape)} and positions of "
                         f"shape {tuple(positions.shape)} do not make a batch of at most "
                         f"{self.max_num_batched_tokens} tokens"
                     )
-                return req_indices, positions, num_tokens
-        rows = _as_index_array(req_indices, "req_indices")
-        token_positions = _as_index_array(positions, "positions")
+                return req_indices, positions, int(positions.shape[0])
+        rows = _integer_array(req_indices, "req_indices", TokenBatchError)
+        token_positions = _integer_array(positions, "positions", TokenBatchError)
         num_tokens = token_positions.shape[0]
         if rows.shape[0] != num_tokens:
             raise TokenBatchError(
@@ -894,17 +1088,16 @@ class BlockTable:
     def commit_block_table(self, num_reqs: int) -> None:
         """Publish rows ``[0, num_reqs)`` to the device (only the cells written since the
         last commit are copied)."""
-        if not 0 <= num_reqs <= self.max_num_reqs:
-            raise RowIndexError(f"num_reqs={num_reqs} is outside [0, {self.max_num_reqs}]")
+        if type(num_reqs) is not int or not 0 <= num_reqs <= self.max_num_reqs:
+            num_reqs = _count(num_reqs, self.max_num_reqs, RowIndexError, "num_reqs")
         self._commit_rows(num_reqs)
 
     def commit_slot_mapping(self, num_tokens: int) -> None:
         """Publish the first ``num_tokens`` slots; device entries past the batch are
         padded too."""
-        if not 0 <= num_tokens <= self.max_num_batched_tokens:
-            raise TokenBatchError(
-                f"num_tokens={num_tokens} is outside [0, {self.max_num_batched_tokens}]"
-            )
+        if type(num_tokens) is not int or not 0 <= num_tokens <= self.max_num_batched_tokens:
+            num_tokens = _count(
+                num_tokens, self.max_num_batched_tokens, TokenBatchError, "num_tokens")
         if self._slots_on_device:
             return
         end = max(num_tokens, self._gpu_slot_extent)
@@ -914,6 +1107,8 @@ class BlockTable:
 
     def get_device_tensor(self, num_reqs: int) -> torch.Tensor:
         """The device table's first ``num_reqs`` rows."""
+        if type(num_reqs) is not int or not 0 <= num_reqs <= self.max_num_reqs:
+            num_reqs = _count(num_reqs, self.max_num_reqs, RowIndexError, "num_reqs")
         return self.block_table.gpu[:num_reqs]
 
     def get_cpu_tensor(self) -> torch.Tensor:
@@ -932,10 +1127,19 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _size_list(name: str, values: object) -> list[Any]:
+    """One size per KV-cache group (each checked by the group's ``BlockTable``)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise BlockTableConfigError(f"{name}={_describe(values)} is not a list of sizes")
+    return list(values)
+
+
 class MultiGroupBlockTable:
     """One ``BlockTable`` per KV-cache group; every call fans out (vLLM 0.13 API).
 
-    A call that one group refuses changes no group: all groups' checks run first.
+    A call that one group refuses changes no group: all groups' checks run first (the groups
+    share their rows and slot buffer sizes, so for a row or a count the first group's checks
+    are every group's).
     """
 
     def __init__(
@@ -960,13 +1164,24 @@ class MultiGroupBlockTable:
     ) -> None:
         pcp_world_size, pcp_rank, dcp_world_size, dcp_rank = _context_parallel(
             pcp_world_size, pcp_rank, dcp_world_size, dcp_rank)
+        block_sizes = _size_list("block_sizes", block_sizes)
+        kernel_block_sizes = _size_list("kernel_block_sizes", kernel_block_sizes)
         if len(kernel_block_sizes) != len(block_sizes):
             raise BlockTableConfigError(
                 f"{len(kernel_block_sizes)} kernel block sizes for {len(block_sizes)} groups"
             )
-        if max_num_blocks is not None and len(max_num_blocks) != len(block_sizes):
+        if max_num_blocks is not None:
+            max_num_blocks = _size_list("max_num_blocks", max_num_blocks)
+            if len(max_num_blocks) != len(block_sizes):
+                raise BlockTableConfigError(
+                    f"{len(max_num_blocks)} max_num_blocks entries for {len(block_sizes)} groups"
+                )
+        max_model_len = _positive("max_model_len", max_model_len)
+        speculative = as_int(num_speculative_tokens)
+        if speculative is None or speculative < 0:
             raise BlockTableConfigError(
-                f"{len(max_num_blocks)} max_num_blocks entries for {len(block_sizes)} groups"
+                f"num_speculative_tokens={num_speculative_tokens!r} must be a non-negative "
+                f"integer"
             )
         cp_world_size = _positive("pcp_world_size", pcp_world_size) * _positive(
             "dcp_world_size", dcp_world_size
@@ -974,22 +1189,36 @@ class MultiGroupBlockTable:
         if max_num_blocks is None:
             max_num_blocks = [
                 max(_cdiv(max_model_len, _positive("block_size", size) * cp_world_size),
-                    1 + num_speculative_tokens)
+                    1 + speculative)
                 for size in block_sizes
             ]
-        self.block_tables = [
-            BlockTable(
-                size, max_num_reqs, width, max_num_batched_tokens, pin_memory, device,
-                kernel_size, cp_kv_cache_interleave_size, pcp_world_size=pcp_world_size,
-                pcp_rank=pcp_rank, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
-                num_blocks=num_blocks, slot_mapping_backend=slot_mapping_backend,
-            )
-            for size, kernel_size, width in zip(
-                block_sizes, kernel_block_sizes, max_num_blocks, strict=True
-            )
-        ]
+        self.block_tables: list[BlockTable] = []
+        for group, (size, kernel_size, width) in enumerate(
+            zip(block_sizes, kernel_block_sizes, max_num_blocks, strict=True)
+        ):
+            try:
+                table = BlockTable(
+                    size, max_num_reqs, width, max_num_batched_tokens, pin_memory, device,
+                    kernel_size, cp_kv_cache_interleave_size, pcp_world_size=pcp_world_size,
+                    pcp_rank=pcp_rank, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
+                    num_blocks=num_blocks, slot_mapping_backend=slot_mapping_backend,
+                )
+            except BlockTableConfigError as error:
+                raise BlockTableConfigError(
+                    f"KV-cache group {group} (block_size={size}, kernel_block_size="
+                    f"{kernel_size}, {width!r} blocks a request for max_model_len="
+                    f"{max_model_len} and num_speculative_tokens={speculative}): {error}"
+                ) from error
+            self.block_tables.append(table)
 
     def _per_group(self, block_ids: Sequence[Sequence[int]]) -> Sequence[Sequence[int]]:
+        if type(block_ids) is not tuple and type(block_ids) is not list and (
+            isinstance(block_ids, str | bytes) or not isinstance(block_ids, Sequence)
+        ):
+            raise BlockIdError(
+                f"block_ids must be a sequence of one block id list per group, got "
+                f"{_describe(block_ids)}"
+            )
         if len(block_ids) != len(self.block_tables):
             raise BlockIdError(
                 f"{len(block_ids)} block id lists for {len(self.block_tables)} groups"
@@ -1044,7 +1273,10 @@ class MultiGroupBlockTable:
             table.clear()
 
     def __getitem__(self, idx: int) -> BlockTable:
-        return self.block_tables[idx]
+        if type(idx) is int and 0 <= idx < len(self.block_tables):
+            return self.block_tables[idx]
+        return self.block_tables[_index(idx, len(self.block_tables), GroupIndexError,
+                                        "KV-cache group")]
 
     def __len__(self) -> int:
         return len(self.block_tables)

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from kvspec.impl.utils import TORCH_INTEGER_DTYPES, as_int
+
 PAD_SLOT_ID = -1
 # Tokens per Triton program. 1024 keeps a program's loads and stores in flight without
 # spilling; tiles past the batch only store the pad.
@@ -98,39 +100,73 @@ def _slot_mapping_kernel() -> Any:
 
 
 def _check_arguments(
-    block_table: torch.Tensor,
-    req_indices: torch.Tensor,
-    positions: torch.Tensor,
-    out: torch.Tensor,
-    num_tokens: int,
-    block_size: int,
-    cp_world_size: int,
-    cp_rank: int,
-    interleave: int,
-) -> None:
+    block_table: object,
+    req_indices: object,
+    positions: object,
+    out: object,
+    num_tokens: object,
+    block_size: object,
+    cp_world_size: object,
+    cp_rank: object,
+    interleave: object,
+    pad: object,
+) -> tuple[int, int, int, int, int, int]:
+    """Every argument checked on the host (no device sync): the integers returned as ints.
+    The values of the index tensors are not read; tokens outside the table get the pad."""
+    block_table = _tensor("block_table", block_table)
+    req_indices = _tensor("req_indices", req_indices)
+    positions = _tensor("positions", positions)
+    out = _tensor("out", out)
     if block_table.dim() != 2 or block_table.stride(1) != 1:
         raise SlotMappingArgumentError(
             f"block_table must be 2-D with contiguous rows, got shape "
             f"{tuple(block_table.shape)} strides {block_table.stride()}"
         )
+    for name, tensor in (("block_table", block_table), ("req_indices", req_indices),
+                         ("positions", positions)):
+        if tensor.dtype not in TORCH_INTEGER_DTYPES:
+            raise SlotMappingArgumentError(f"{name} must hold integers, got {tensor.dtype}")
+    if req_indices.dim() != 1 or positions.dim() != 1:
+        raise SlotMappingArgumentError(
+            f"req_indices of shape {tuple(req_indices.shape)} and positions of shape "
+            f"{tuple(positions.shape)} must be 1-D"
+        )
     if out.dim() != 1 or not out.is_contiguous() or out.dtype != torch.int64:
         raise SlotMappingArgumentError("out must be a contiguous 1-D int64 tensor")
-    if not 0 <= num_tokens <= out.numel():
+    devices = {tensor.device for tensor in (block_table, req_indices, positions, out)}
+    if len(devices) != 1:
+        raise SlotMappingArgumentError(f"the tensors are on different devices: {devices}")
+    numbers = []
+    for name, value, low in (("num_tokens", num_tokens, 0), ("block_size", block_size, 1),
+                             ("cp_world_size", cp_world_size, 1), ("cp_rank", cp_rank, 0),
+                             ("interleave", interleave, 1), ("pad", pad, None)):
+        number = as_int(value)
+        if number is None or (low is not None and number < low):
+            raise SlotMappingArgumentError(
+                f"{name}={value!r} must be an integer" + ("" if low is None else f" >= {low}"))
+        numbers.append(number)
+    count, size, world, rank, step, pad_slot = numbers
+    if count > out.numel():
         raise SlotMappingArgumentError(
-            f"num_tokens={num_tokens} is outside [0, {out.numel()}] (the buffer's length)"
+            f"num_tokens={count} is outside [0, {out.numel()}] (the buffer's length)"
         )
-    if req_indices.numel() < num_tokens or positions.numel() < num_tokens:
+    if req_indices.numel() < count or positions.numel() < count:
         raise SlotMappingArgumentError(
-            f"num_tokens={num_tokens} but req_indices has {req_indices.numel()} and "
+            f"num_tokens={count} but req_indices has {req_indices.numel()} and "
             f"positions {positions.numel()} entries"
         )
-    if block_size < 1 or cp_world_size < 1 or interleave < 1:
+    if not 0 <= rank < world:
+        raise SlotMappingArgumentError(f"cp_rank={rank} is outside [0, {world})")
+    if world > 1 and size % step:
+        raise SlotMappingArgumentError(f"interleave={step} does not divide block_size={size}")
+    return count, size, world, rank, step, pad_slot
+
+
+def _tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
         raise SlotMappingArgumentError(
-            f"block_size={block_size}, cp_world_size={cp_world_size} and "
-            f"interleave={interleave} must all be positive"
-        )
-    if not 0 <= cp_rank < cp_world_size:
-        raise SlotMappingArgumentError(f"cp_rank={cp_rank} is outside [0, {cp_world_size})")
+            f"{name} must be a tensor, got {type(value).__name__} {value!r:.60}")
+    return value
 
 
 def slot_mapping_triton(
@@ -147,9 +183,9 @@ def slot_mapping_triton(
 ) -> None:
     """Fill all of ``out`` in one kernel launch: slots for the first ``num_tokens``
     tokens, ``pad`` after them."""
-    _check_arguments(
+    num_tokens, block_size, cp_world_size, cp_rank, interleave, pad = _check_arguments(
         block_table, req_indices, positions, out, num_tokens, block_size, cp_world_size,
-        cp_rank, interleave,
+        cp_rank, interleave, pad,
     )
     num_slots = out.numel()
     if num_slots == 0:
@@ -183,9 +219,9 @@ def slot_mapping_torch(
     pad: int = PAD_SLOT_ID,
 ) -> None:
     """The same result as :func:`slot_mapping_triton`, in torch ops (any device)."""
-    _check_arguments(
+    num_tokens, block_size, cp_world_size, cp_rank, interleave, pad = _check_arguments(
         block_table, req_indices, positions, out, num_tokens, block_size, cp_world_size,
-        cp_rank, interleave,
+        cp_rank, interleave, pad,
     )
     num_rows, row_width = block_table.shape
     rows = req_indices[:num_tokens].to(torch.int64)

@@ -17,7 +17,7 @@ Operations (each returns a new table; a refused call raises and changes nothing)
 
 Limits: ``num_rows`` rows; at most ``max_blocks_per_row`` manager blocks a row; block ids in
 ``[0, num_blocks)`` when the pool size is known, and small enough that every kernel block id
-``b * blocks_per_kv_block + j`` fits the table's int32.
+``b * blocks_per_kv_block + j`` fits the table's int32 (a pool larger than that is refused).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class BlockIdError(BlockTableModelError, ValueError):
 
 
 class InvalidLimitsError(BlockTableModelError, ValueError):
-    """Limits no table can have: no rows, a negative width, an empty pool."""
+    """Limits no table can have: no rows, a negative width, an empty pool, a pool whose
+    kernel block ids do not fit int32."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,19 @@ class TableLimits:
             raise InvalidLimitsError(
                 f"blocks_per_kv_block={self.blocks_per_kv_block} must be at least 1"
             )
+        int32_bound = INT32_LIMIT // self.blocks_per_kv_block
+        if self.num_blocks is not None and self.num_blocks > int32_bound:
+            raise InvalidLimitsError(
+                f"num_blocks={self.num_blocks}: the kernel block ids of at most "
+                f"{int32_bound} blocks fit int32"
+            )
 
     @property
     def block_id_limit(self) -> int:
         """One past the largest block id a row may hold."""
-        int32_bound = INT32_LIMIT // self.blocks_per_kv_block
-        return int32_bound if self.num_blocks is None else min(self.num_blocks, int32_bound)
+        if self.num_blocks is None:
+            return INT32_LIMIT // self.blocks_per_kv_block
+        return self.num_blocks
 
 
 # --- invariants ----------------------------------------------------------------------------
