@@ -1,23 +1,44 @@
-"""Prefix hashing with vLLM 0.13 semantics: chained block hashes, extra keys, group-id keys.
+"""Prefix hashing with vLLM 0.13's API: chained block hashes, extra keys, group-id keys.
 
 A block's hash is ``hash_fn((parent, tuple(token_ids), extra_keys))`` where ``parent`` is the
 previous block's hash (``NONE_HASH`` for the first block) and ``extra_keys`` is ``None`` or a
-tuple of ``lora_name``, multimodal identifiers, ``cache_salt`` (first block only) and prompt
-embedding bytes, in that order. Hashes of the default function (sha256 of a highest-protocol
-pickle) are byte-for-byte those vLLM 0.13 computes for the same seed.
+tuple of keys from the request's LoRA adapter, the multimodal features the block overlaps, its
+cache salt (first block only) and the block's prompt embeddings, in that order.
+
+How each extra key is written is one setting, ``EXTRA_KEY_FORMAT`` (``set_extra_key_format``):
+
+* ``ExtraKeyFormat.TAGGED``, the default: each key is a tuple led by its kind, as vLLM 0.33
+  writes them: ``("lora", lora_name, lora_path)``, ``("mm", identifier, offset - block
+  start)``, ``("cache_salt", salt)``, ``("prompt_embeds", sha256 digest of the block's
+  embedding bytes)``. No key of one kind can equal a key of another, so requests that differ
+  in LoRA adapter or cache salt never share a block (``spec.hashing.isolated``).
+* ``ExtraKeyFormat.UNTAGGED``: vLLM 0.13's bare values (the LoRA name, the identifier, the
+  salt, the raw embedding bytes). Hashes are then byte for byte vLLM 0.13's for the same seed,
+  including its collision: a cache salt equal to a LoRA name gives that adapter's first block
+  (docs/findings.md, B10). The vllm-0.13 profile and kvspec's vLLM 0.13 plugin select it.
+
+Set the format once, before hashing: a cache keyed in one format never hits in the other. Only
+requests with extra keys are affected; the multimodal walk is vLLM 0.13's in both formats.
+
+Every function here refuses bad input before computing anything, with a ``HashingError`` (a
+``ValueError``) or, for a malformed request (impl's own or a duck-typed one, such as vLLM's),
+an ``InvalidRequestError``; each message names the value. The request block hasher checks what
+it reads at the cost of a few type checks per call and one C-level ``sum`` over the tokens it
+hashes; a call that completes no block returns before reading the token list.
 
 Keys of the prefix-cache map append the KV-cache group id as 4 big-endian bytes.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import importlib
 import os
 import pickle
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NewType, Protocol, cast, overload
+from typing import TYPE_CHECKING, Any, NewType, cast, overload
 
 if TYPE_CHECKING:
     from kvspec.impl.request import RequestLike
@@ -36,19 +57,34 @@ _cbor2: Any = _optional_module("cbor2")
 _xxhash: Any = _optional_module("xxhash")
 
 __all__ = [
+    "CACHE_SALT_TAG",
+    "EXTRA_KEY_FORMAT",
+    "LORA_TAG",
+    "MM_TAG",
     "NONE_HASH",
+    "PROMPT_EMBEDS_TAG",
     "USE_INT_BLOCK_HASHES",
     "BlockHash",
     "BlockHashList",
     "BlockHashListWithBlockSize",
     "BlockHashWithGroupId",
     "ExternalBlockHash",
+    "ExtraKeyFormat",
     "HashFunctionUnavailableError",
     "HashingError",
     "InvalidBlockHashError",
+    "InvalidBlockIndexError",
+    "InvalidBlockRangeError",
     "InvalidBlockSizeError",
+    "InvalidExtraKeyFormatError",
+    "InvalidExtraKeysError",
     "InvalidGroupIdError",
+    "InvalidHashFunctionError",
     "InvalidMultiModalIndexError",
+    "InvalidRequestError",
+    "InvalidTensorError",
+    "InvalidTokenIdsError",
+    "UnhashableValueError",
     "UnknownHashFunctionError",
     "generate_block_hash_extra_keys",
     "get_block_hash",
@@ -60,6 +96,7 @@ __all__ = [
     "make_block_hash_with_group_id",
     "maybe_convert_block_hash",
     "need_extra_keys",
+    "set_extra_key_format",
     "sha256",
     "sha256_cbor",
     "tensor_data",
@@ -102,12 +139,58 @@ class HashFunctionUnavailableError(HashingError):
     """A known hash function whose optional dependency (cbor2, xxhash) is not installed."""
 
 
+class InvalidHashFunctionError(HashingError):
+    """A hash function that is not callable, or that returned something other than a hash
+    (bytes, or an int: vLLM 0.13's own tests hash with Python's builtin ``hash``)."""
+
+
+class UnhashableValueError(HashingError):
+    """A value a hash function cannot encode (pickle or CBOR refuses it)."""
+
+
 class InvalidBlockSizeError(HashingError):
     """A block size that is not positive, or a target size not a multiple of the hash size."""
 
 
+class InvalidBlockRangeError(HashingError):
+    """A block's token range that is not ``[start, end)`` with ``0 <= start < end``."""
+
+
+class InvalidBlockIndexError(HashingError, TypeError):
+    """An index into a coarse hash view that is neither an int nor a slice (a ``TypeError``
+    too, as vLLM raises)."""
+
+
 class InvalidMultiModalIndexError(HashingError):
-    """A multimodal feature index that counts back past the first feature."""
+    """A multimodal feature index outside the request's features."""
+
+
+class InvalidTokenIdsError(HashingError):
+    """Token ids that are not a sequence of ints."""
+
+
+class InvalidExtraKeysError(HashingError):
+    """Extra keys that are neither ``None`` nor a tuple of str, bytes, int or such tuples."""
+
+
+class InvalidExtraKeyFormatError(HashingError):
+    """An extra-key format that is not an ``ExtraKeyFormat`` or one of its values."""
+
+
+class InvalidTensorError(HashingError):
+    """``tensor_data`` of something that is not a CPU torch tensor."""
+
+
+class InvalidRequestError(ValueError):
+    """A request (``request.Request`` or a duck-typed one, such as vLLM's) with malformed
+    fields: ids, token ids, block hashes, LoRA, salt, multimodal features, prompt embeddings
+    or block hasher. ``request.py`` re-exports it; it refuses the same values at its door."""
+
+
+def _short(value: object, limit: int = 120) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages about large arguments."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]} ...{text[-1]}"
 
 
 # --------------------------------------------------------------------------- group-id keys
@@ -163,6 +246,8 @@ USE_INT_BLOCK_HASHES: bool = _env_flag("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", Tr
 
 def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
     """The hash as KV events carry it: its low 64 bits as an int (default), or the bytes."""
+    if not isinstance(hash_bytes, bytes):
+        raise InvalidBlockHashError(f"block hash must be bytes, got {hash_bytes!r}")
     if not USE_INT_BLOCK_HASHES:
         return hash_bytes
     # The low 64 bits of a big-endian number are its last 8 bytes.
@@ -172,23 +257,39 @@ def maybe_convert_block_hash(hash_bytes: BlockHash) -> ExternalBlockHash:
 # --------------------------------------------------------------------------- hash functions
 
 
+def _pickled(value: Any) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as error:
+        raise UnhashableValueError(f"cannot pickle {_short(value)} to hash it: {error}") from None
+
+
+def _cbor(value: Any) -> bytes:
+    try:
+        encoded: bytes = _cbor2.dumps(value, canonical=True)
+    except (_cbor2.CBOREncodeError, TypeError, RecursionError) as error:
+        raise UnhashableValueError(
+            f"cannot encode {_short(value)} as CBOR to hash it: {error}") from None
+    return encoded
+
+
 def sha256(value: Any) -> bytes:
     """SHA-256 of ``value`` pickled with the highest protocol (32 bytes)."""
-    return hashlib.sha256(pickle.dumps(value, protocol=_PICKLE_PROTOCOL)).digest()
+    return hashlib.sha256(_pickled(value)).digest()
 
 
 def sha256_cbor(value: Any) -> bytes:
     """SHA-256 of ``value`` encoded as canonical CBOR (32 bytes); needs cbor2."""
     if _cbor2 is None:
         raise HashFunctionUnavailableError("'sha256_cbor' needs the cbor2 package")
-    return hashlib.sha256(_cbor2.dumps(value, canonical=True)).digest()
+    return hashlib.sha256(_cbor(value)).digest()
 
 
 def xxhash(value: Any) -> bytes:
     """XXH3-128 of ``value`` pickled with the highest protocol (16 bytes); needs xxhash."""
     if _xxhash is None:
         raise HashFunctionUnavailableError("'xxhash' needs the xxhash package")
-    digest: bytes = _xxhash.xxh3_128_digest(pickle.dumps(value, protocol=_PICKLE_PROTOCOL))
+    digest: bytes = _xxhash.xxh3_128_digest(_pickled(value))
     return digest
 
 
@@ -196,7 +297,7 @@ def xxhash_cbor(value: Any) -> bytes:
     """XXH3-128 of ``value`` encoded as canonical CBOR (16 bytes); needs cbor2 and xxhash."""
     if _xxhash is None or _cbor2 is None:
         raise HashFunctionUnavailableError("'xxhash_cbor' needs the cbor2 and xxhash packages")
-    digest: bytes = _xxhash.xxh3_128_digest(_cbor2.dumps(value, canonical=True))
+    digest: bytes = _xxhash.xxh3_128_digest(_cbor(value))
     return digest
 
 
@@ -223,6 +324,27 @@ def get_hash_fn_by_name(name: str) -> HashFunction:
     return fn
 
 
+def _check_hash_function(hash_function: object) -> None:
+    if not callable(hash_function):
+        raise InvalidHashFunctionError(f"hash function must be callable, got {hash_function!r}")
+
+
+def _is_hash(value: object) -> bool:
+    """A block hash: bytes, or an int (what Python's builtin ``hash`` gives, which vLLM 0.13's
+    own tests use as the hash function; the prefix cache itself keys bytes only)."""
+    return isinstance(value, bytes) or type(value) is int
+
+
+def _digest(hash_function: HashFunction, payload: Any) -> bytes:
+    """``hash_function(payload)``, refused unless it is a hash (``_is_hash``): a chain of
+    anything else would hand the prefix cache values that are not block hashes."""
+    digest = hash_function(payload)
+    if not _is_hash(digest):
+        raise InvalidHashFunctionError(
+            f"hash function {hash_function!r} returned {_short(digest)}, not bytes")
+    return digest
+
+
 # --------------------------------------------------------------------------- chaining
 
 NONE_HASH: BlockHash
@@ -231,14 +353,81 @@ NONE_HASH: BlockHash
 def init_none_hash(hash_fn: HashFunction) -> None:
     """Seed every chain: random bytes if PYTHONHASHSEED is unset, else ``hash_fn(seed)``."""
     global NONE_HASH
+    _check_hash_function(hash_fn)
     seed = os.environ.get("PYTHONHASHSEED")
-    NONE_HASH = BlockHash(os.urandom(32) if seed is None else hash_fn(seed))
+    none_hash = BlockHash(os.urandom(32) if seed is None else _digest(hash_fn, seed))
+    NONE_HASH = none_hash
     kv_cache_utils = sys.modules.get("kvspec.impl.kv_cache_utils")
     if kv_cache_utils is not None:  # its re-export (vLLM keeps NONE_HASH there)
-        vars(kv_cache_utils)["NONE_HASH"] = NONE_HASH
+        vars(kv_cache_utils)["NONE_HASH"] = none_hash
 
 
 init_none_hash(sha256)
+
+
+def _all_ints(values: Sequence[Any]) -> bool:
+    """Whether every element of a list or tuple is an int, at C speed: ``sum`` raises on
+    non-numbers, and its result is an ``int`` only if every element is one (a float or a numpy
+    scalar anywhere makes it a float or a numpy scalar). bool, an int to Python, passes: it
+    pickles and encodes distinctly from 0 and 1 (docs/hostile-input.md)."""
+    try:
+        return type(sum(values)) is int
+    except TypeError:
+        return False
+
+
+def _first_non_int(values: Sequence[Any]) -> object:
+    return next((v for v in values if not isinstance(v, int)), values)
+
+
+# Sequences whose elements are characters or bytes, never token ids.
+_BYTES_OR_TEXT = (str, bytes, bytearray, memoryview)
+
+
+def _token_tuple(tokens: object) -> tuple[int, ...]:
+    """``tokens`` (a list, tuple or other sequence of ints) as a tuple, or a refusal."""
+    if type(tokens) is tuple:
+        block: tuple[Any, ...] = tokens
+    elif isinstance(tokens, list) or (
+        isinstance(tokens, Sequence) and not isinstance(tokens, _BYTES_OR_TEXT)
+    ):
+        block = tuple(tokens)
+    else:
+        raise InvalidTokenIdsError(f"token ids must be a sequence of ints, got {_short(tokens)}")
+    if not _all_ints(block):
+        raise InvalidTokenIdsError(
+            f"token ids must be ints, got {_first_non_int(block)!r} in {_short(tokens)}")
+    return block
+
+
+def _valid_key(key: object) -> bool:
+    kind = type(key)
+    if kind is str or kind is bytes or kind is int:
+        return True
+    return kind is tuple and all(_valid_key(part) for part in cast(tuple[Any, ...], key))
+
+
+def _check_extra_keys(extra_keys: object) -> None:
+    """Extra keys are ``None`` or a tuple of what either format writes: str, bytes, int, and
+    tuples of those."""
+    if extra_keys is None:
+        return
+    if type(extra_keys) is not tuple:
+        raise InvalidExtraKeysError(f"extra keys must be None or a tuple, got {_short(extra_keys)}")
+    for key in extra_keys:
+        if not _valid_key(key):
+            raise InvalidExtraKeysError(
+                f"extra key {_short(key)} is not a str, bytes, int or a tuple of them")
+
+
+def _hash_block(
+    hash_function: HashFunction, parent: bytes, tokens: tuple[int, ...], extra_keys: Any
+) -> BlockHash:
+    """The hash of one block, its arguments already checked."""
+    payload = (parent, tokens, extra_keys)
+    if hash_function is sha256:
+        return BlockHash(hashlib.sha256(pickle.dumps(payload, _PICKLE_PROTOCOL)).digest())
+    return BlockHash(_digest(hash_function, payload))
 
 
 def hash_block_tokens(
@@ -247,86 +436,225 @@ def hash_block_tokens(
     curr_block_token_ids: Sequence[int],
     extra_keys: tuple[Any, ...] | None = None,
 ) -> BlockHash:
-    """The hash of one block chained to its parent (``NONE_HASH`` when the parent is falsy)."""
-    parent = parent_block_hash if parent_block_hash else NONE_HASH
-    payload = (parent, tuple(curr_block_token_ids), extra_keys)
-    if hash_function is sha256:
-        return BlockHash(hashlib.sha256(pickle.dumps(payload, _PICKLE_PROTOCOL)).digest())
-    return BlockHash(hash_function(payload))
+    """The hash of one block chained to its parent (``NONE_HASH`` when the parent is ``None``
+    or empty)."""
+    _check_hash_function(hash_function)
+    if parent_block_hash is not None and not _is_hash(parent_block_hash):
+        raise InvalidBlockHashError(
+            f"parent block hash must be a block hash (bytes) or None, got "
+            f"{_short(parent_block_hash)}")
+    tokens = _token_tuple(curr_block_token_ids)
+    _check_extra_keys(extra_keys)
+    return _hash_block(hash_function, parent_block_hash or NONE_HASH, tokens, extra_keys)
 
 
-# --------------------------------------------------------------------------- extra keys
+# --------------------------------------------------------------------------- the key format
 
 
-class _PlaceholderLike(Protocol):
-    @property
-    def offset(self) -> int: ...
+class ExtraKeyFormat(enum.Enum):
+    """How extra keys are written (module docstring): vLLM 0.33's tagged tuples, or vLLM
+    0.13's bare values."""
 
-    @property
-    def length(self) -> int: ...
+    TAGGED = "tagged"
+    UNTAGGED = "untagged"
 
 
-class _MultiModalFeatureLike(Protocol):
-    @property
-    def identifier(self) -> str: ...
+# The tags, vLLM 0.33's: the first element of each tagged key.
+LORA_TAG = "lora"
+MM_TAG = "mm"
+CACHE_SALT_TAG = "cache_salt"
+PROMPT_EMBEDS_TAG = "prompt_embeds"
 
-    @property
-    def mm_position(self) -> _PlaceholderLike: ...
+# The one setting; set_extra_key_format changes it (tests and the vLLM plugin).
+EXTRA_KEY_FORMAT: ExtraKeyFormat = ExtraKeyFormat.TAGGED
+
+
+def set_extra_key_format(key_format: ExtraKeyFormat | str) -> ExtraKeyFormat:
+    """Write extra keys in ``key_format`` (an ``ExtraKeyFormat`` or its value, ``"tagged"`` or
+    ``"untagged"``) from now on; returns the format it replaces.
+
+    Set it once, before any request is hashed: hashes change with it, so blocks cached in one
+    format are never hits in the other.
+    """
+    global EXTRA_KEY_FORMAT
+    try:
+        chosen = ExtraKeyFormat(key_format)
+    except ValueError:
+        raise InvalidExtraKeyFormatError(
+            f"extra-key format must be one of {[f.value for f in ExtraKeyFormat]}, "
+            f"got {key_format!r}") from None
+    previous = EXTRA_KEY_FORMAT
+    EXTRA_KEY_FORMAT = chosen
+    return previous
+
+
+# One function per kind of key, so that each kind's two forms sit side by side.
+
+
+def _lora_key(lora_name: str, lora_path: str, tagged: bool) -> Any:
+    return (LORA_TAG, lora_name, lora_path) if tagged else lora_name
+
+
+def _mm_key(identifier: str, offset: int, block_start: int, tagged: bool) -> Any:
+    return (MM_TAG, identifier, offset - block_start) if tagged else identifier
+
+
+def _salt_key(cache_salt: str, tagged: bool) -> Any:
+    return (CACHE_SALT_TAG, cache_salt) if tagged else cache_salt
+
+
+def _embeds_key(embeds_bytes: bytes, tagged: bool) -> Any:
+    if tagged:
+        return (PROMPT_EMBEDS_TAG, hashlib.sha256(embeds_bytes).digest())
+    return embeds_bytes
+
+
+# --------------------------------------------------------------------------- extra-key sources
+
+
+# A request's extra-key sources, checked: the LoRA key (written in the call's format; it is the
+# same in every block) or None, the multimodal features as (identifier, offset, length), the
+# salt, the prompt embeddings. A plain tuple: one is built per hashing call that has sources.
+_KeySources = tuple[Any, tuple[tuple[str, int, int], ...], str | None, Any]
+
+
+def _not_a_request(request: object, error: AttributeError) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"{_short(request)} is not a request: it has no {error.name or 'needed'} attribute")
+
+
+def _check_lora(lora_request: object) -> tuple[str, str]:
+    """The LoRA adapter's (name, path): both must be str (vLLM's LoRARequest has both)."""
+    name = getattr(lora_request, "lora_name", None)
+    path = getattr(lora_request, "lora_path", None)
+    if type(name) is not str or type(path) is not str:
+        raise InvalidRequestError(
+            f"lora_request must have a str lora_name and lora_path, got {_short(lora_request)}")
+    return name, path
+
+
+def _check_cache_salt(cache_salt: object) -> str | None:
+    if cache_salt is not None and type(cache_salt) is not str:
+        raise InvalidRequestError(f"cache_salt must be a str or None, got {_short(cache_salt)}")
+    return cache_salt
+
+
+def _check_mm_features(mm_features: object) -> tuple[tuple[str, int, int], ...]:
+    """Each feature's (identifier, offset, length): a str and two ints >= 0, the features in
+    token order without overlapping (the walk reads them in order and stops at the first one
+    the block has not reached, so an overlapped feature would be left out of its blocks)."""
+    if mm_features is None:
+        return ()
+    if not isinstance(mm_features, list | tuple):
+        raise InvalidRequestError(
+            f"mm_features must be a list of features, got {_short(mm_features)}")
+    checked: list[tuple[str, int, int]] = []
+    end = 0
+    for feature in mm_features:
+        identifier = getattr(feature, "identifier", None)
+        position = getattr(feature, "mm_position", None)
+        offset = getattr(position, "offset", None)
+        length = getattr(position, "length", None)
+        if (type(identifier) is not str or type(offset) is not int or type(length) is not int
+                or offset < 0 or length < 0):
+            raise InvalidRequestError(
+                f"multimodal feature {_short(feature)} needs a str identifier and an "
+                f"mm_position with an int offset and length >= 0")
+        if offset < end:
+            raise InvalidRequestError(
+                f"multimodal feature {identifier!r} at offset {offset} starts before the "
+                f"previous feature ends ({end}): features must be sorted by offset and must "
+                f"not overlap")
+        end = offset + length
+        checked.append((identifier, offset, length))
+    return tuple(checked)
+
+
+def _is_embeddings(value: object) -> bool:
+    """A torch tensor or a numpy array (not of Python objects) of at least one dimension."""
+    if hasattr(value, "untyped_storage"):  # a torch tensor
+        return int(cast(Any, value).dim()) >= 1
+    numpy = sys.modules.get("numpy")
+    return (numpy is not None and isinstance(value, numpy.ndarray) and value.ndim >= 1
+            and not value.dtype.hasobject)
+
+
+def _check_prompt_embeds(prompt_embeds: object) -> Any:
+    if prompt_embeds is not None and not _is_embeddings(prompt_embeds):
+        raise InvalidRequestError(
+            f"prompt_embeds must be a torch tensor or numpy array, got {_short(prompt_embeds)}")
+    return prompt_embeds
+
+
+def _key_sources(request: RequestLike, tagged: bool) -> _KeySources | None:
+    """The request's checked extra-key sources, or None when it has none (the common case,
+    decided from four attribute reads)."""
+    try:
+        lora_request = request.lora_request
+        mm_features = request.mm_features
+        cache_salt = request.cache_salt
+        prompt_embeds = request.prompt_embeds
+    except AttributeError as error:
+        raise _not_a_request(request, error) from None
+    if (lora_request is None and cache_salt is None and prompt_embeds is None
+            and (mm_features is None or (type(mm_features) is list and not mm_features))):
+        return None
+    lora_key = None
+    if lora_request is not None:
+        lora_key = _lora_key(*_check_lora(lora_request), tagged)
+    features = () if type(mm_features) is list and not mm_features else (
+        _check_mm_features(mm_features))
+    if cache_salt is not None:
+        _check_cache_salt(cache_salt)
+    if prompt_embeds is not None:
+        _check_prompt_embeds(prompt_embeds)
+    return lora_key, features, cache_salt, prompt_embeds
 
 
 def need_extra_keys(request: RequestLike) -> bool:
     """Whether the request's blocks carry extra keys from multimodal input, LoRA or a salt.
 
-    As in vLLM 0.13, prompt embeddings are not part of this test; the request block hasher
-    still adds their bytes (see ``_request_has_extra_key_sources``).
+    As in vLLM 0.13, prompt embeddings are not part of this test (the request block hasher
+    still keys their bytes), and a salt counts even when empty.
     """
-    return (
-        bool(request.mm_features)
-        or request.lora_request is not None
-        or request.cache_salt is not None
-    )
-
-
-def _request_has_extra_key_sources(request: RequestLike) -> bool:
-    return need_extra_keys(request) or request.prompt_embeds is not None
+    sources = _key_sources(request, EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED)
+    if sources is None:
+        return False
+    lora_key, features, cache_salt, _ = sources
+    return bool(features) or lora_key is not None or cache_salt is not None
 
 
 def _mm_extra_keys(
-    mm_features: Sequence[_MultiModalFeatureLike] | None,
+    features: tuple[tuple[str, int, int], ...],
     start: int,
     end: int,
     start_mm_idx: int,
+    tagged: bool,
 ) -> tuple[list[Any], int]:
-    """Identifiers of the features (sorted by offset) keyed into the block ``[start, end)``.
+    """Keys of the features (in token order) the block ``[start, end)`` overlaps.
 
     vLLM 0.13's walk, modelled by ``spec.hashing.mm_walk``: it starts at ``start_mm_idx``
-    (negative counts from the end), and a feature ending exactly at ``start`` still counts.
-    Also returns the index the next block's walk starts from.
+    (negative counts from the end, already checked to be in range), and a feature ending
+    exactly at ``start`` still counts. Also returns the index the next block's walk starts
+    from.
     """
     keys: list[Any] = []
-    if not mm_features:
+    if not features:
         return keys, start_mm_idx
-    last = mm_features[-1].mm_position
-    if last.offset + last.length < start:
+    _, last_offset, last_length = features[-1]
+    if last_offset + last_length < start:
         return keys, start_mm_idx
-    count = len(mm_features)
-    if start_mm_idx < 0:
-        if -start_mm_idx > count:
-            raise InvalidMultiModalIndexError(
-                f"multimodal index {start_mm_idx} counts back past the first of {count} features"
-            )
-        start_mm_idx += count
-    index = start_mm_idx
+    count = len(features)
+    index = start_mm_idx + count if start_mm_idx < 0 else start_mm_idx
     while index < count:
-        feature = mm_features[index]
-        offset = feature.mm_position.offset
-        feature_end = offset + feature.mm_position.length
+        identifier, offset, length = features[index]
+        feature_end = offset + length
         if end <= offset:
             break  # the block lies before this feature
         if start > feature_end:
             index += 1  # the block lies after this feature
             continue
-        keys.append(feature.identifier)
+        keys.append(_mm_key(identifier, offset, start, tagged))
         if end >= feature_end:
             index += 1  # the feature ends inside the block; the next one may start in it too
         else:
@@ -335,10 +663,11 @@ def _mm_extra_keys(
 
 
 def tensor_data(tensor: Any) -> memoryview:
-    """The raw bytes of a (CPU) torch tensor, any dtype (bf16 too), as a uint8 memoryview
+    """The raw bytes of a CPU torch tensor, any dtype (bf16 too), as a uint8 memoryview
     (vLLM's ``tensor_data``, which ``kv_cache_utils`` re-exports)."""
-    import torch
-
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+        raise InvalidTensorError(f"tensor_data needs a CPU torch tensor, got {_short(tensor)}")
     data: memoryview = tensor.flatten().contiguous().view(torch.uint8).numpy().data
     return data
 
@@ -353,27 +682,55 @@ def _prompt_embeds_bytes(prompt_embeds: Any, start: int, end: int) -> bytes:
     return bytes(np.ascontiguousarray(rows).tobytes())
 
 
+def _block_extra_keys(
+    sources: _KeySources, start: int, end: int, start_mm_idx: int, tagged: bool
+) -> tuple[tuple[Any, ...] | None, int]:
+    """The extra keys of the block ``[start, end)`` from checked sources, and the next mm
+    index: LoRA, multimodal identifiers, salt (block 0 only, when non-empty), embeddings."""
+    lora_key, features, cache_salt, prompt_embeds = sources
+    keys: list[Any] = [] if lora_key is None else [lora_key]
+    next_mm_idx = start_mm_idx
+    if features:
+        mm_keys, next_mm_idx = _mm_extra_keys(features, start, end, start_mm_idx, tagged)
+        keys.extend(mm_keys)
+    if start == 0 and cache_salt:
+        keys.append(_salt_key(cache_salt, tagged))
+    if prompt_embeds is not None:
+        embeds = _prompt_embeds_bytes(prompt_embeds, start, end)
+        keys.append(_embeds_key(embeds, tagged))
+    return (tuple(keys) if keys else None), next_mm_idx
+
+
+def _check_mm_index(start_mm_idx: int, count: int) -> None:
+    if count and not -count <= start_mm_idx <= count:
+        raise InvalidMultiModalIndexError(
+            f"multimodal index {start_mm_idx} is outside [-{count}, {count}] for {count} "
+            f"features")
+
+
 def generate_block_hash_extra_keys(
     request: RequestLike, start_token_idx: int, end_token_idx: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
     """The extra keys of tokens ``[start_token_idx, end_token_idx)`` and the next mm index.
 
-    Order: ``lora_name``, multimodal identifiers, ``cache_salt`` (only when the block starts at
-    token 0), prompt-embedding bytes. ``None`` when there are none.
+    Order: LoRA, multimodal identifiers, ``cache_salt`` (only when the block starts at token 0
+    and the salt is not empty), prompt embeddings; each written in ``EXTRA_KEY_FORMAT``.
+    ``None`` when there are none.
     """
-    keys: list[Any] = []
-    lora_request = request.lora_request
-    if lora_request is not None:
-        keys.append(lora_request.lora_name)
-    mm_keys, next_mm_idx = _mm_extra_keys(
-        request.mm_features, start_token_idx, end_token_idx, start_mm_idx
-    )
-    keys.extend(mm_keys)
-    if start_token_idx == 0 and request.cache_salt:
-        keys.append(request.cache_salt)
-    if request.prompt_embeds is not None:
-        keys.append(_prompt_embeds_bytes(request.prompt_embeds, start_token_idx, end_token_idx))
-    return (tuple(keys) if keys else None), next_mm_idx
+    if type(start_token_idx) is not int or type(end_token_idx) is not int:
+        raise InvalidBlockRangeError(
+            f"block bounds must be ints, got {start_token_idx!r} and {end_token_idx!r}")
+    if not 0 <= start_token_idx < end_token_idx:
+        raise InvalidBlockRangeError(
+            f"block [{start_token_idx}, {end_token_idx}) is not a range of tokens from 0")
+    if type(start_mm_idx) is not int:
+        raise InvalidMultiModalIndexError(f"multimodal index must be an int, got {start_mm_idx!r}")
+    tagged = EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED
+    sources = _key_sources(request, tagged)
+    if sources is None:
+        return None, start_mm_idx
+    _check_mm_index(start_mm_idx, len(sources[1]))
+    return _block_extra_keys(sources, start_token_idx, end_token_idx, start_mm_idx, tagged)
 
 
 # --------------------------------------------------------------------------- request hasher
@@ -385,27 +742,56 @@ def get_request_block_hasher(
     """A function giving the hashes of a request's new full blocks (those not yet hashed)."""
     if type(block_size) is not int or block_size <= 0:
         raise InvalidBlockSizeError(f"block size must be a positive int, got {block_size!r}")
+    _check_hash_function(caching_hash_fn)
     dumps = pickle.dumps
     new_sha256 = hashlib.sha256
     protocol = _PICKLE_PROTOCOL
     use_sha256 = caching_hash_fn is sha256
 
     def request_block_hasher(request: RequestLike) -> list[BlockHash]:
-        block_hashes = request.block_hashes
+        try:
+            block_hashes = request.block_hashes
+            # Most calls (a decode step) complete no block: decide that from num_tokens before
+            # touching the token list (vLLM's ConstantList has a Python-level __len__).
+            num_tokens = request.num_tokens
+        except AttributeError as error:
+            raise _not_a_request(request, error) from None
+        if type(block_hashes) is not list or type(num_tokens) is not int:
+            raise InvalidRequestError(
+                f"request {_short(request)} must have a list of block_hashes and an int "
+                f"num_tokens, got {_short(block_hashes)} and {num_tokens!r}")
         start = len(block_hashes) * block_size
-        # Most calls (a decode step) complete no block: decide that from num_tokens before
-        # touching the token list (vLLM's ConstantList has a Python-level __len__).
-        num_tokens = request.num_tokens
         if start + block_size > num_tokens:
             return []
-        tokens = request.all_token_ids
         parent: bytes = block_hashes[-1] if block_hashes else NONE_HASH
-        new_hashes: list[bytes] = []
-        if not _request_has_extra_key_sources(request):
+        if not (isinstance(parent, bytes) or type(parent) is int):  # _is_hash, inlined
+            raise InvalidRequestError(
+                f"request {_short(request)} holds a block hash {_short(parent)} that is not "
+                f"bytes")
+        try:
+            tokens = request.all_token_ids
+        except AttributeError as error:
+            raise _not_a_request(request, error) from None
+        stop = start + (num_tokens - start) // block_size * block_size
+        try:
+            new_tokens = tokens[start:stop]
+        except (TypeError, KeyError):
+            new_tokens = None
+        if (
+            (type(new_tokens) is not list and type(new_tokens) is not tuple)
+            or len(new_tokens) != stop - start
+            or not _all_ints(new_tokens)
+        ):
+            raise InvalidRequestError(
+                f"request {_short(request)} has num_tokens {num_tokens} but its token ids "
+                f"[{start}:{stop}] are not that many ints: {_short(tokens)}")
+        tagged = EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED
+        sources = _key_sources(request, tagged)
+        new_hashes: list[Any] = []  # BlockHash values (a NewType call per hash would cost)
+        if sources is None:
             # Hot path: every payload is (parent, tokens, None). zip over one iterator repeated
             # block_size times cuts the full blocks into tuples at C speed.
-            stop = start + (num_tokens - start) // block_size * block_size
-            blocks = zip(*[iter(tokens[start:stop])] * block_size, strict=False)
+            blocks = zip(*[iter(new_tokens)] * block_size, strict=False)
             append = new_hashes.append
             if use_sha256:
                 for block in blocks:
@@ -413,20 +799,18 @@ def get_request_block_hasher(
                     append(parent)
             else:
                 for block in blocks:
-                    parent = caching_hash_fn((parent, block, None))
+                    parent = _digest(caching_hash_fn, (parent, block, None))
                     append(parent)
-            return cast(list[BlockHash], new_hashes)
+            return new_hashes
         mm_idx = 0 if start == 0 else -1
-        end = start + block_size
-        while end <= num_tokens:
-            extra_keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
-            parent = hash_block_tokens(
-                caching_hash_fn, BlockHash(parent), tokens[start:end], extra_keys
-            )
+        for offset in range(0, stop - start, block_size):
+            block_start = start + offset
+            extra_keys, mm_idx = _block_extra_keys(
+                sources, block_start, block_start + block_size, mm_idx, tagged)
+            parent = _hash_block(caching_hash_fn, parent,
+                                 tuple(new_tokens[offset : offset + block_size]), extra_keys)
             new_hashes.append(parent)
-            start = end
-            end += block_size
-        return cast(list[BlockHash], new_hashes)
+        return new_hashes
 
     return request_block_hasher
 
@@ -446,6 +830,9 @@ class BlockHashListWithBlockSize:
     def __init__(
         self, block_hashes: list[BlockHash], hash_block_size: int, target_block_size: int
     ) -> None:
+        if not isinstance(block_hashes, list):
+            raise InvalidBlockHashError(
+                f"block_hashes must be a list of block hashes, got {_short(block_hashes)}")
         if type(hash_block_size) is not int or hash_block_size <= 0:
             raise InvalidBlockSizeError(
                 f"hash block size must be a positive int, got {hash_block_size!r}"
@@ -470,7 +857,13 @@ class BlockHashListWithBlockSize:
     def _coarse(self, index: int) -> BlockHash:
         scale = self.scale_factor
         base = index * scale
-        return BlockHash(b"".join(self.block_hashes[base : base + scale]))
+        fine = self.block_hashes[base : base + scale]
+        for block_hash in fine:  # the list is the caller's, and may have grown since
+            if not isinstance(block_hash, bytes):
+                raise InvalidBlockHashError(
+                    f"block hash {_short(block_hash)} at fine index "
+                    f"{base + fine.index(block_hash)} is not bytes")
+        return BlockHash(b"".join(fine))
 
     @overload
     def __getitem__(self, index: int) -> BlockHash: ...
@@ -480,14 +873,18 @@ class BlockHashListWithBlockSize:
 
     def __getitem__(self, index: int | slice) -> BlockHash | list[BlockHash]:
         if isinstance(index, slice):
-            return [self._coarse(i) for i in range(*index.indices(len(self)))]
+            try:
+                positions = range(*index.indices(len(self)))
+            except TypeError:  # a slice of something other than ints
+                raise InvalidBlockIndexError(f"invalid slice {index!r}") from None
+            return [self._coarse(i) for i in positions]
         if isinstance(index, int) and not isinstance(index, bool):
             length = len(self)
             position = index + length if index < 0 else index
             if not 0 <= position < length:
                 raise IndexError(f"coarse block index {index} out of range for length {length}")
             return self._coarse(position)
-        raise TypeError(f"invalid index type {type(index).__name__!r}: {index!r}")
+        raise InvalidBlockIndexError(f"invalid index type {type(index).__name__!r}: {index!r}")
 
     def __iter__(self) -> Iterator[BlockHash]:
         for i in range(len(self)):

@@ -3,25 +3,43 @@
 The request keeps its token ids (prompt then output) and the hashes of its full blocks; each
 ``append_output_token_ids`` extends ``block_hashes`` with the blocks it completed, so
 ``len(block_hashes) == num_tokens // block_size`` always holds when a hasher is attached.
+
+Bad input is refused at the door with an ``InvalidRequestError`` naming the value, before
+anything is stored: the constructor checks every field the KV-cache manager or the block
+hasher reads (the checks of the extra-key sources are the hasher's own, from
+``impl.hashing``), and ``append_output_token_ids`` leaves the request as it was when the
+tokens or the hasher's result are bad. Fields the scheduler assigns every step
+(``num_computed_tokens``, ``status``, ...) are plain attributes, as in vLLM.
 """
 
 from __future__ import annotations
 
 import enum
-import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, SupportsIndex, TypeVar
 
-from kvspec.impl.hashing import BlockHash
+from kvspec.impl.hashing import (
+    BlockHash,
+    InvalidRequestError,
+    _all_ints,
+    _check_cache_salt,
+    _check_lora,
+    _check_mm_features,
+    _check_prompt_embeds,
+    _first_non_int,
+    _short,
+)
 
 __all__ = [
     "ConstantList",
+    "InvalidMultiModalInputError",
     "InvalidRequestError",
     "LoRARequest",
     "MultiModalFeatureSpec",
     "PlaceholderRange",
+    "ReadOnlyFieldError",
     "ReadOnlyListError",
     "Request",
     "RequestLike",
@@ -31,12 +49,16 @@ __all__ = [
 T = TypeVar("T")
 
 
-class InvalidRequestError(ValueError):
-    """A request built or extended with malformed input (ids, tokens, hasher)."""
-
-
 class ReadOnlyListError(TypeError, ValueError):
     """An attempt to mutate a request's token list other than through the request."""
+
+
+class ReadOnlyFieldError(AttributeError, ValueError):
+    """An assignment to a field the request computes (``num_tokens`` and the like)."""
+
+
+class InvalidMultiModalInputError(IndexError):
+    """A multimodal input index the request does not have (an ``IndexError``, as before)."""
 
 
 class ConstantList(list[T]):
@@ -145,22 +167,52 @@ class RequestStatus(enum.IntEnum):
 
     @staticmethod
     def is_finished(status: RequestStatus) -> bool:
+        if not isinstance(status, RequestStatus):
+            raise InvalidRequestError(f"status must be a RequestStatus, got {status!r}")
         return status > RequestStatus.PREEMPTED
 
 
+def _typed_frozen(cls: type[T]) -> type[T]:
+    """A frozen dataclass whose field assignments are refused with ``ReadOnlyFieldError`` (an
+    ``AttributeError``, as dataclasses' own ``FrozenInstanceError``, and a ``ValueError``).
+    The generated ``__init__`` of a frozen dataclass sets fields through ``object``, so it is
+    unaffected."""
+
+    def refuse_set(self: object, name: str, value: object) -> NoReturn:
+        raise ReadOnlyFieldError(
+            f"{type(self).__name__} is a frozen value: cannot set {name} to {value!r}")
+
+    def refuse_delete(self: object, name: str) -> NoReturn:
+        raise ReadOnlyFieldError(f"{type(self).__name__} is a frozen value: cannot delete {name}")
+
+    type.__setattr__(cls, "__setattr__", refuse_set)
+    type.__setattr__(cls, "__delattr__", refuse_delete)
+    return cls
+
+
+@_typed_frozen
 @dataclass(frozen=True, slots=True)
 class LoRARequest:
-    """The LoRA adapter a request runs with; its name goes into block hashes."""
+    """The LoRA adapter a request runs with; its name (and, with tagged keys, its path) goes
+    into block hashes. As vLLM's, its id is an int from 1."""
 
     lora_name: str
     lora_int_id: int
     lora_path: str = ""
+
+    def __post_init__(self) -> None:
+        if type(self.lora_name) is not str or type(self.lora_path) is not str:
+            raise InvalidRequestError(
+                f"LoRA name and path must be str, got {self.lora_name!r} and {self.lora_path!r}")
+        if type(self.lora_int_id) is not int or self.lora_int_id < 1:
+            raise InvalidRequestError(f"LoRA id must be an int >= 1, got {self.lora_int_id!r}")
 
     @property
     def adapter_id(self) -> int:
         return self.lora_int_id
 
 
+@_typed_frozen
 @dataclass(frozen=True, slots=True)
 class PlaceholderRange:
     """Where a multimodal input's tokens sit in the prompt: ``[offset, offset + length)``."""
@@ -168,7 +220,13 @@ class PlaceholderRange:
     offset: int
     length: int
 
+    def __post_init__(self) -> None:
+        for name, value in (("offset", self.offset), ("length", self.length)):
+            if type(value) is not int or value < 0:
+                raise InvalidRequestError(f"placeholder {name} must be an int >= 0, got {value!r}")
 
+
+@_typed_frozen
 @dataclass(frozen=True, slots=True)
 class MultiModalFeatureSpec:
     """One multimodal input: its content identifier (hashed into blocks) and position."""
@@ -178,21 +236,63 @@ class MultiModalFeatureSpec:
     identifier: str
     mm_position: PlaceholderRange
 
+    def __post_init__(self) -> None:
+        if type(self.modality) is not str or type(self.identifier) is not str:
+            raise InvalidRequestError(
+                f"modality and identifier must be str, got {self.modality!r} and "
+                f"{self.identifier!r}")
+        if not isinstance(self.mm_position, PlaceholderRange):
+            raise InvalidRequestError(
+                f"mm_position must be a PlaceholderRange, got {self.mm_position!r}")
+
 
 def _is_token_list(values: object) -> bool:
-    """Whether ``values`` is a list or tuple of ints.
+    """Whether ``values`` is a list or tuple of ints (checked at C speed: ``hashing._all_ints``)."""
+    return isinstance(values, list | tuple) and _all_ints(values)
 
-    ``sum`` does the check in C, several times faster than a Python loop: it raises on
-    non-numbers, and its result is an ``int`` only if every element is one (a float or a
-    numpy scalar anywhere makes it a float or a numpy scalar).
-    """
-    if not isinstance(values, list | tuple):
-        return False
-    try:
-        total = sum(values)
-    except TypeError:
-        return False
-    return type(total) is int
+
+def _token_list_error(request_id: object, what: str, values: object) -> InvalidRequestError:
+    if isinstance(values, list | tuple):
+        return InvalidRequestError(
+            f"{what} of request {request_id!r} must be ints, got "
+            f"{_first_non_int(values)!r} in {_short(values)}")
+    return InvalidRequestError(
+        f"{what} of request {request_id!r} must be a list of ints, got {_short(values)}")
+
+
+def _check_int(request_id: str, name: str, value: object, low: int | None = None,
+               optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if type(value) is not int or (low is not None and value < low):
+        bound = "" if low is None else f" >= {low}"
+        raise InvalidRequestError(
+            f"{name} of request {request_id!r} must be an int{bound}, got {value!r}")
+
+
+def _read_params(request_id: str, params: Any) -> tuple[int | None, bool | None]:
+    """``max_tokens`` and ``skip_reading_prefix_cache`` of sampling or pooling params (any
+    object; vLLM's or a stand-in), checked: an int from 1 and a bool, or absent."""
+    max_tokens = getattr(params, "max_tokens", None)
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise InvalidRequestError(
+            f"max_tokens of request {request_id!r} must be an int >= 1, got {max_tokens!r}")
+    skip = getattr(params, "skip_reading_prefix_cache", None)
+    if skip is not None and type(skip) is not bool:
+        raise InvalidRequestError(
+            f"skip_reading_prefix_cache of request {request_id!r} must be a bool, got {skip!r}")
+    return max_tokens, skip
+
+
+def _block_hashes_error(request_id: str, hashes: object) -> InvalidRequestError | None:
+    """None if ``hashes`` (a block hasher's result) is a list of bytes or ints (the hashes of
+    Python's ``hash``, which vLLM 0.13's tests use), else the refusal."""
+    if type(hashes) is list and (not hashes or all(
+            isinstance(h, bytes) or type(h) is int for h in hashes)):
+        return None
+    return InvalidRequestError(
+        f"the block hasher of request {request_id!r} must return a list of block hashes, "
+        f"got {_short(hashes)}")
 
 
 class Request:
@@ -215,8 +315,10 @@ class Request:
         trace_headers: Any | None = None,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
     ) -> None:
-        if not isinstance(request_id, str):
+        # Every check comes before the first assignment: a refused request is never half built.
+        if type(request_id) is not str:
             raise InvalidRequestError(f"request_id must be a str, got {request_id!r}")
+        _check_prompt_embeds(prompt_embeds)
         if prompt_token_ids is None:
             if prompt_embeds is None:
                 raise InvalidRequestError(
@@ -226,29 +328,33 @@ class Request:
             all_token_ids: ConstantList[int] = ConstantList([0] * num_prompt_tokens)
         else:
             if not _is_token_list(prompt_token_ids):
-                raise InvalidRequestError(
-                    f"prompt_token_ids of request {request_id!r} must be a list of ints, "
-                    f"got {prompt_token_ids!r}"
-                )
+                raise _token_list_error(request_id, "prompt_token_ids", prompt_token_ids)
             num_prompt_tokens = len(prompt_token_ids)
+            if prompt_embeds is not None and len(prompt_embeds) != num_prompt_tokens:
+                raise InvalidRequestError(
+                    f"request {request_id!r} has {num_prompt_tokens} prompt token ids but "
+                    f"{len(prompt_embeds)} prompt embeddings")
             all_token_ids = ConstantList(prompt_token_ids)
+        _check_mm_features(mm_features)
+        features = list(mm_features) if mm_features else []
+        if lora_request is not None:
+            _check_lora(lora_request)
+        _check_cache_salt(cache_salt)
+        _check_int(request_id, "eos_token_id", eos_token_id, optional=True)
+        _check_int(request_id, "client_index", client_index, low=0)
+        _check_int(request_id, "priority", priority)
+        if arrival_time is not None and (type(arrival_time) not in (int, float)
+                                         or arrival_time != arrival_time):
+            raise InvalidRequestError(
+                f"arrival_time of request {request_id!r} must be a number, got {arrival_time!r}")
+        if trace_headers is not None and not isinstance(trace_headers, Mapping):
+            raise InvalidRequestError(
+                f"trace_headers of request {request_id!r} must be a mapping, got "
+                f"{_short(trace_headers)}")
+        max_tokens, skip_sampling = _read_params(request_id, sampling_params)
+        _, skip_pooling = _read_params(request_id, pooling_params)
         if block_hasher is not None and not callable(block_hasher):
             raise InvalidRequestError(f"block_hasher must be callable, got {block_hasher!r}")
-        features = list(mm_features) if mm_features else []
-        for feature in features:
-            position = feature.mm_position
-            if position.offset < 0 or position.length < 0:
-                raise InvalidRequestError(
-                    f"multimodal feature {feature.identifier!r} has a negative position "
-                    f"{position!r}"
-                )
-        if any(
-            a.mm_position.offset > b.mm_position.offset
-            for a, b in itertools.pairwise(features)
-        ):
-            raise InvalidRequestError(
-                f"mm_features of request {request_id!r} must be sorted by offset"
-            )
 
         self.request_id = request_id
         self.client_index = client_index
@@ -262,7 +368,7 @@ class Request:
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
-        self.max_tokens: int | None = getattr(sampling_params, "max_tokens", None)
+        self.max_tokens: int | None = max_tokens
         if sampling_params is None and pooling_params is not None:
             self.max_tokens = 1
 
@@ -279,60 +385,112 @@ class Request:
         self.num_cached_tokens = -1
         self.num_preemptions = 0
         self.num_external_computed_tokens = 0
-        self.skip_reading_prefix_cache = self._skip_reading_prefix_cache()
+        self.skip_reading_prefix_cache = bool(
+            skip_sampling if skip_sampling is not None else skip_pooling)
 
         self.block_hashes: list[BlockHash] = []
         self._block_hasher = block_hasher
         if block_hasher is not None:
-            self.block_hashes = block_hasher(self)
+            hashes = block_hasher(self)
+            refused = _block_hashes_error(request_id, hashes)
+            if refused is not None:
+                raise refused
+            self.block_hashes = hashes
 
-    def _skip_reading_prefix_cache(self) -> bool:
-        for params in (self.sampling_params, self.pooling_params):
-            flag = getattr(params, "skip_reading_prefix_cache", None)
-            if flag is not None:
-                return bool(flag)
-        return False
+    # Fields computed from the token lists: reading is a property's speed; assigning one
+    # would make it disagree with the lists, so it is refused.
+
+    def _refuse_write(self, name: str, value: object) -> NoReturn:
+        raise ReadOnlyFieldError(
+            f"{name} of request {self.request_id!r} is computed from its tokens and cannot be "
+            f"set (got {value!r})")
 
     @property
     def num_tokens(self) -> int:
         return len(self._all_token_ids)
 
+    @num_tokens.setter
+    def num_tokens(self, value: int) -> None:
+        self._refuse_write("num_tokens", value)
+
     @property
     def num_tokens_with_spec(self) -> int:
         return len(self._all_token_ids) + len(self.spec_token_ids)
+
+    @num_tokens_with_spec.setter
+    def num_tokens_with_spec(self, value: int) -> None:
+        self._refuse_write("num_tokens_with_spec", value)
 
     @property
     def num_output_tokens(self) -> int:
         return len(self._output_token_ids)
 
+    @num_output_tokens.setter
+    def num_output_tokens(self, value: int) -> None:
+        self._refuse_write("num_output_tokens", value)
+
     @property
     def num_encoder_inputs(self) -> int:
         return len(self.mm_features)
+
+    @num_encoder_inputs.setter
+    def num_encoder_inputs(self, value: int) -> None:
+        self._refuse_write("num_encoder_inputs", value)
 
     @property
     def has_encoder_inputs(self) -> bool:
         return len(self.mm_features) > 0
 
+    @has_encoder_inputs.setter
+    def has_encoder_inputs(self, value: bool) -> None:
+        self._refuse_write("has_encoder_inputs", value)
+
     def get_num_encoder_embeds(self, input_id: int) -> int:
-        if not 0 <= input_id < len(self.mm_features):
-            raise IndexError(f"no multimodal input {input_id} in request {self.request_id!r}")
-        return self.mm_features[input_id].mm_position.length
+        count = len(self.mm_features)
+        if type(input_id) is not int or not 0 <= input_id < count:
+            raise InvalidMultiModalInputError(
+                f"no multimodal input {input_id!r} in request {self.request_id!r} "
+                f"({count} inputs)")
+        return int(self.mm_features[input_id].mm_position.length)
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        """Append generated tokens and hash the blocks they complete."""
+        """Append generated tokens and hash the blocks they complete; bad tokens, or a block
+        hasher that fails or returns something other than hashes, leave the request as it
+        was."""
         if type(token_ids) is int:
             list.append(self._output_token_ids, token_ids)
             list.append(self._all_token_ids, token_ids)
+            added = 1
         elif _is_token_list(token_ids):
+            if token_ids is self._output_token_ids or token_ids is self._all_token_ids:
+                token_ids = list(token_ids)  # its own list: extending it would read it twice
             list.extend(self._output_token_ids, token_ids)  # type: ignore[arg-type]
             list.extend(self._all_token_ids, token_ids)  # type: ignore[arg-type]
+            added = len(token_ids)  # type: ignore[arg-type]
         else:
-            raise InvalidRequestError(
-                f"token ids appended to request {self.request_id!r} must be an int or a list "
-                f"of ints, got {token_ids!r}"
-            )
-        if self._block_hasher is not None:
-            self.block_hashes.extend(self._block_hasher(self))
+            raise _token_list_error(self.request_id, "token ids appended", token_ids)
+        hasher = self._block_hasher
+        if hasher is None:
+            return
+        # The hasher reads the new tokens from the request, so they are in place when it runs;
+        # if it fails, they come out again.
+        try:
+            new_hashes = hasher(self)
+        except BaseException:
+            self._drop_last_tokens(added)
+            raise
+        if type(new_hashes) is list and not new_hashes:
+            return  # the common case: no block completed
+        refused = _block_hashes_error(self.request_id, new_hashes)
+        if refused is not None:
+            self._drop_last_tokens(added)
+            raise refused
+        self.block_hashes.extend(new_hashes)
+
+    def _drop_last_tokens(self, count: int) -> None:
+        if count:
+            list.__delitem__(self._output_token_ids, slice(-count, None))
+            list.__delitem__(self._all_token_ids, slice(-count, None))
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)

@@ -20,6 +20,18 @@ bound to vLLM's own (``kvspec.impl.host_types``), so vLLM's code, tests and even
 their own types. A vLLM release kvspec has no profile for is refused with one line naming the
 supported ones, rather than run half-working.
 
+Block hashes stay vLLM 0.13's bytes: ``install`` selects the untagged extra-key format
+(``kvspec.impl.hashing.ExtraKeyFormat.UNTAGGED``), in which a ``cache_salt`` equal to a LoRA
+name shares that adapter's first cached block (docs/findings.md, B10). Tagged keys, vLLM
+0.33's form, which keep requests that differ in salt or LoRA apart, are an opt-in::
+
+    export VLLM_KVSPEC_TAGGED_EXTRA_KEYS=1
+
+It changes the hash bytes of every request with a LoRA adapter, a cache salt, multimodal
+input or prompt embeddings: blocks cached without it (an external KV cache, a KV connector's
+store, another engine's hashes in KV events) are not hits with it, and a deployment must set it
+in every process alike.
+
 ``python -m pytest -p kvspec.vllm_plugin ...`` installs kvspec before the test modules are
 imported (``make vllm-tests`` runs vLLM's own tests that way).
 """
@@ -38,14 +50,18 @@ __all__ = [
     "ENV_SWITCH",
     "REPLACED_MODULES",
     "SUPPORTED_VLLM",
+    "TAGGED_KEYS_SWITCH",
     "UnsupportedVllmVersion",
     "enabled",
     "install",
     "installed",
     "register",
+    "tagged_keys_requested",
 ]
 
 ENV_SWITCH = "VLLM_USE_KVSPEC"
+# Opt-in: vLLM 0.33's tagged extra keys instead of 0.13's bare ones (module docstring).
+TAGGED_KEYS_SWITCH = "VLLM_KVSPEC_TAGGED_EXTRA_KEYS"
 
 # vLLM's module -> kvspec's module that takes its place.
 REPLACED_MODULES: dict[str, str] = {
@@ -69,9 +85,18 @@ class UnsupportedVllmVersion(ValueError):
 _installed: dict[str, Any] = {}
 
 
+def _switched_on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def enabled() -> bool:
     """Whether ``VLLM_USE_KVSPEC`` asks for kvspec (1, true, yes or on)."""
-    return os.environ.get(ENV_SWITCH, "").strip().lower() in ("1", "true", "yes", "on")
+    return _switched_on(ENV_SWITCH)
+
+
+def tagged_keys_requested() -> bool:
+    """Whether ``VLLM_KVSPEC_TAGGED_EXTRA_KEYS`` asks for tagged extra keys (1, true, yes, on)."""
+    return _switched_on(TAGGED_KEYS_SWITCH)
 
 
 def installed() -> bool:
@@ -124,8 +149,13 @@ def install() -> dict[str, Any]:
             f"(unset {ENV_SWITCH} to run vLLM's own KV-cache manager)"
         )
 
-    from kvspec.impl import host_types
+    from kvspec.impl import hashing, host_types
 
+    # vLLM 0.13's public functions return untagged keys, and its callers, tests and KV-cache
+    # stores expect their bytes; tagged keys only when asked for.
+    key_format = (hashing.ExtraKeyFormat.TAGGED if tagged_keys_requested()
+                  else hashing.ExtraKeyFormat.UNTAGGED)
+    hashing.set_extra_key_format(key_format)
     host_types.bind_vllm()
     originals = {name: sys.modules.get(name) for name in REPLACED_MODULES}
     replacements = {name: importlib.import_module(ours) for name, ours in REPLACED_MODULES.items()}
@@ -138,7 +168,7 @@ def install() -> dict[str, Any]:
     rebound = _rebind_imported_names(originals, replacements)
     _log_through_vllm()
     _installed.update(vllm=version, profile=profile, rebound=rebound,
-                      modules=dict(REPLACED_MODULES))
+                      modules=dict(REPLACED_MODULES), extra_keys=key_format.value)
     return _installed
 
 
@@ -197,4 +227,4 @@ def pytest_configure(config: Any) -> None:
 def pytest_report_header(config: Any) -> str:
     info = _installed
     return (f"kvspec in place of vLLM {info.get('vllm')}'s KV-cache modules "
-            f"(profile {info.get('profile')})")
+            f"(profile {info.get('profile')}, {info.get('extra_keys')} extra keys)")

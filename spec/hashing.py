@@ -6,15 +6,28 @@ hashes the payload ``(parent, tokens_i, extra_i)`` where ``parent`` is block ``i
 and, for block 0, the seed ``none_hash``. So a hash names a whole prefix: two chains agree at
 block ``i`` only if they agree on every block up to ``i``.
 
-``extra_i`` is ``None`` or a tuple, always in the order LoRA name, multimodal identifiers,
-cache salt, prompt-embedding bytes:
+``extra_i`` is ``None`` or a tuple, always in the order LoRA, multimodal features, cache salt,
+prompt embeddings:
 
-* the LoRA name goes into every block;
-* a multimodal identifier goes into the blocks its feature overlaps, found by vLLM 0.13's walk
-  over the features (``mm_walk``), which carries a feature index from block to block;
+* the LoRA adapter goes into every block;
+* a multimodal feature goes into the blocks it overlaps, found by vLLM 0.13's walk over the
+  features (``mm_walk``), which carries a feature index from block to block;
 * the cache salt goes into block 0 only (it changes block 0's hash, and the chain carries the
   change to every later block);
-* the prompt-embedding bytes of the block's own rows go into every block.
+* the prompt embeddings of the block's own rows go into every block.
+
+How each key is written is the *key format* (``KeyFormat``), the profile's choice
+(``key_format``):
+
+* ``UNTAGGED`` (vllm-0.13): the bare values: the LoRA name, the feature's identifier, the
+  salt, the embedding bytes. Values of different kinds can be equal, so a cache salt equal to
+  a LoRA name gives the same block 0 as that adapter (docs/findings.md, B10).
+* ``TAGGED`` (vllm-0.33, and kvspec's default): each key is a tuple led by its kind
+  (``lora_key``, ``mm_key``, ``salt_key``, ``embeds_key``), so the tenant, the LoRA adapter and
+  the salt, can be read back from block 0's keys (``first_block_tenant``), and requests of
+  different tenants never share a block hash (``isolated``; ``tagged_chains_isolated`` is the
+  statement CrossHair checks). The walk stays vLLM 0.13's: vLLM 0.33 also changed which
+  features a block boundary touches, which is not part of the format.
 
 Everything here is a small function over plain values (bytes, ints, tuples); the hash
 function is a parameter, so the same model describes sha256, CBOR and xxhash chains, and
@@ -24,8 +37,12 @@ Keys of the prefix cache are block hashes followed by the 4-byte big-endian KV-c
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
+
+from kvspec.spec.pool import Profile
 
 GROUP_ID_BYTES = 4
 MAX_GROUP_ID = 2**32 - 1
@@ -33,6 +50,10 @@ LOW_64_BITS = 2**64 - 1
 
 ExtraKeys = tuple[Any, ...] | None
 HashFunction = Callable[[Any], bytes]
+
+# What the prefix cache must keep apart: the LoRA adapter, as (name, path), and the cache salt
+# (an empty salt is no salt). Requests of one tenant may share blocks; of two, never.
+Tenant = tuple[tuple[str, str] | None, str | None]
 
 
 # --- Keys: block hash + group id ---------------------------------------------------------------
@@ -116,15 +137,127 @@ def block_payload(
     return (parent_hash(previous, none_hash), token_ids, extra_keys)
 
 
+# --- The key format -----------------------------------------------------------------------------
+
+
+class KeyFormat(Enum):
+    """How a block's extra keys are written (module docstring)."""
+
+    UNTAGGED = "untagged"  # vllm-0.13: bare values
+    TAGGED = "tagged"  # vllm-0.33: (kind, ...) tuples
+
+
+def key_format(profile: Profile) -> KeyFormat:
+    """The key format of a profile: vLLM 0.13 writes bare values, vLLM 0.33 tags them."""
+    return KeyFormat.UNTAGGED if profile is Profile.V0_13 else KeyFormat.TAGGED
+
+
+# vLLM 0.33's tags: the first element of each tagged key.
+LORA_TAG = "lora"
+MM_TAG = "mm"
+SALT_TAG = "cache_salt"
+EMBEDS_TAG = "prompt_embeds"
+
+
+def lora_key(lora_name: str, lora_path: str, fmt: KeyFormat) -> Any:
+    """The LoRA adapter's key: its name, or ``("lora", name, path)``."""
+    return (LORA_TAG, lora_name, lora_path) if fmt is KeyFormat.TAGGED else lora_name
+
+
+def mm_key(identifier: str, offset: int, block_start: int, fmt: KeyFormat) -> Any:
+    """A multimodal feature's key: its identifier, or ``("mm", identifier, offset - start)``
+    (where the feature starts, relative to the block; negative when it began earlier)."""
+    if fmt is KeyFormat.TAGGED:
+        return (MM_TAG, identifier, offset - block_start)
+    return identifier
+
+
+def salt_key(cache_salt: str, fmt: KeyFormat) -> Any:
+    """The cache salt's key: the salt, or ``("cache_salt", salt)``."""
+    return (SALT_TAG, cache_salt) if fmt is KeyFormat.TAGGED else cache_salt
+
+
+def embeds_key(embeds: bytes, fmt: KeyFormat) -> Any:
+    """The block's prompt-embedding key: the raw bytes, or ``("prompt_embeds", sha256 of
+    them)``."""
+    if fmt is KeyFormat.TAGGED:
+        return (EMBEDS_TAG, hashlib.sha256(embeds).digest())
+    return embeds
+
+
+# --- Isolation ----------------------------------------------------------------------------------
+
+
+def tenant(lora_name: str | None, lora_path: str, cache_salt: str | None) -> Tenant:
+    """The tenant of a request: its LoRA adapter (name and path) and its salt, if not empty."""
+    return (None if lora_name is None else (lora_name, lora_path), cache_salt or None)
+
+
+def first_block_tenant(keys: ExtraKeys) -> Tenant:
+    """The tenant written in block 0's tagged keys: the LoRA key's name and path and the salt
+    key's salt. Untagged keys do not say which kind a value is, so there is no such reading."""
+    lora: tuple[str, str] | None = None
+    salt: str | None = None
+    for key in keys or ():
+        if key[0] == LORA_TAG:
+            lora = (key[1], key[2])
+        elif key[0] == SALT_TAG:
+            salt = key[1]
+    return (lora, salt)
+
+
+def isolated(
+    chain_a: tuple[Any, ...], tenant_a: Tenant, chain_b: tuple[Any, ...], tenant_b: Tenant
+) -> bool:
+    """Isolation: chains of two different tenants have no block hash in common, so neither
+    tenant's request can hit a block the other cached (whatever the tokens)."""
+    return tenant_a == tenant_b or all(a != b for a in chain_a for b in chain_b)
+
+
+def tagged_chains_isolated(
+    token_ids_a: tuple[int, ...],
+    token_ids_b: tuple[int, ...],
+    block_size: int,
+    lora_a: str | None,
+    path_a: str,
+    salt_a: str | None,
+    lora_b: str | None,
+    path_b: str,
+    salt_b: str | None,
+) -> bool:
+    """With tagged keys, the chains of two requests (in the collision-free model,
+    ``chain_payloads``) are ``isolated``: a salt never stands in for a LoRA adapter, nor one
+    adapter for another, whatever the tokens.
+
+    Why it holds: block 0's keys give back the tenant (``first_block_tenant``, in the contract
+    of ``block_extra_keys``), so different tenants differ at block 0, and every later block's
+    payload holds block 0's (payloads of different depths differ).
+
+    pre: block_size > 0
+    pre: len(token_ids_a) <= 3 * block_size and len(token_ids_b) <= 3 * block_size
+    post: __return__
+    """
+    none_hash = b"seed"
+    chains = []
+    for tokens, lora, path, salt in ((token_ids_a, lora_a, path_a, salt_a),
+                                     (token_ids_b, lora_b, path_b, salt_b)):
+        extras = new_blocks_extra_keys(len(tokens), block_size, 0, lora, (), (), (), salt, None,
+                                       KeyFormat.TAGGED, path)
+        chains.append(chain_payloads(none_hash, tokens, block_size, extras))
+    return isolated(chains[0], tenant(lora_a, path_a, salt_a),
+                    chains[1], tenant(lora_b, path_b, salt_b))
+
+
 # --- Extra keys ---------------------------------------------------------------------------------
 
 
 def _sorted_positions(offsets: tuple[int, ...], lengths: tuple[int, ...]) -> bool:
+    """Features in token order, none overlapping the next (what a request accepts)."""
     return (
         len(offsets) == len(lengths)
         and all(o >= 0 for o in offsets)
         and all(n >= 0 for n in lengths)
-        and all(offsets[i] <= offsets[i + 1] for i in range(len(offsets) - 1))
+        and all(offsets[i] + lengths[i] <= offsets[i + 1] for i in range(len(offsets) - 1))
     )
 
 
@@ -158,9 +291,9 @@ def mm_walk(
     """vLLM 0.13's walk over multimodal features for the block ``[start, end)``.
 
     Feature ``i`` covers tokens ``[offsets[i], offsets[i] + lengths[i])``; features are sorted
-    by offset. Returns the indices of the features whose identifiers go into the block, in
-    order, and the index the next block's walk starts from. A negative ``start_mm_idx``
-    counts from the end (-1 is the last feature).
+    by offset and do not overlap. Returns the indices of the features whose identifiers go into
+    the block, in order, and the index the next block's walk starts from. A negative
+    ``start_mm_idx`` counts from the end (-1 is the last feature).
 
     * If the last feature ends before ``start`` (``offset + length < start``), nothing is
       included and the index comes back unchanged.
@@ -200,8 +333,12 @@ def _keys_in_order(
     cache_salt: str | None,
     embeds: bytes | None,
     start: int,
+    fmt: KeyFormat,
+    lora_path: str,
+    mm_offsets: tuple[int, ...],
 ) -> bool:
-    """``None`` when no source applies; else one key per source, in the source order."""
+    """``None`` when no source applies; else one key per source, in the source order; with
+    tagged keys, block 0's keys give back the tenant."""
     salted = start == 0 and bool(cache_salt)
     count = (lora_name is not None) + len(mm_identifiers) + salted + (embeds is not None)
     if keys is None:
@@ -210,10 +347,13 @@ def _keys_in_order(
     after_mm = first + len(mm_identifiers)
     return (
         len(keys) == count
-        and (lora_name is None or keys[0] == lora_name)
-        and keys[first:after_mm] == mm_identifiers
-        and (not salted or keys[after_mm] == cache_salt)
-        and (embeds is None or keys[-1] == embeds)
+        and (lora_name is None or keys[0] == lora_key(lora_name, lora_path, fmt))
+        and keys[first:after_mm] == tuple(
+            mm_key(i, o, start, fmt) for i, o in zip(mm_identifiers, mm_offsets, strict=True))
+        and (not salted or keys[after_mm] == salt_key(cache_salt or "", fmt))
+        and (embeds is None or keys[-1] == embeds_key(embeds, fmt))
+        and (fmt is KeyFormat.UNTAGGED or start != 0
+             or first_block_tenant(keys) == tenant(lora_name, lora_path, cache_salt))
     )
 
 
@@ -223,23 +363,30 @@ def block_extra_keys(
     cache_salt: str | None,
     embeds: bytes | None,
     start: int,
+    fmt: KeyFormat = KeyFormat.UNTAGGED,
+    lora_path: str = "",
+    mm_offsets: tuple[int, ...] = (),
 ) -> ExtraKeys:
     """The extra keys of a block starting at token ``start``, or ``None`` if it has none.
 
-    Order: LoRA name, multimodal identifiers, cache salt (only when ``start == 0`` and the
-    salt is non-empty), prompt-embedding bytes.
+    Order: LoRA, multimodal features (``mm_offsets`` are their offsets, which tagged keys
+    need), cache salt (only when ``start == 0`` and the salt is non-empty), prompt embeddings;
+    each written in format ``fmt``.
 
     pre: start >= 0
-    post: _keys_in_order(__return__, lora_name, mm_identifiers, cache_salt, embeds, start)
-    """
+    pre: len(mm_offsets) == len(mm_identifiers) or (fmt is KeyFormat.UNTAGGED and not mm_offsets)
+    post: _keys_in_order(__return__, lora_name, mm_identifiers, cache_salt, embeds, start, fmt, lora_path, mm_offsets or (0,) * len(mm_identifiers))
+    """  # noqa: E501 (a PEP 316 condition must fit on one line)
+    offsets = mm_offsets or (0,) * len(mm_identifiers)  # unread by untagged keys
     keys: tuple[Any, ...] = ()
     if lora_name is not None:
-        keys = (lora_name,)
-    keys = keys + mm_identifiers
+        keys = (lora_key(lora_name, lora_path, fmt),)
+    keys = keys + tuple(
+        mm_key(i, o, start, fmt) for i, o in zip(mm_identifiers, offsets, strict=True))
     if start == 0 and cache_salt:
-        keys = (*keys, cache_salt)
+        keys = (*keys, salt_key(cache_salt, fmt))
     if embeds is not None:
-        keys = (*keys, embeds)
+        keys = (*keys, embeds_key(embeds, fmt))
     return keys if keys else None
 
 
@@ -251,9 +398,11 @@ def _keyed_by_sources(
     lora_name: str | None,
     cache_salt: str | None,
     embed_rows: tuple[bytes, ...] | None,
+    fmt: KeyFormat,
+    lora_path: str,
 ) -> bool:
-    """One entry per new full block; the LoRA name leads every block's keys, the salt is in
-    block 0's only, and each block ends with the embedding bytes of its own rows."""
+    """One entry per new full block; the LoRA key leads every block's keys, the salt key is in
+    block 0's only, and each block ends with the key of its own embedding rows."""
     if len(extras) != num_tokens // block_size - num_hashed_blocks:
         return False
     for offset, keys in enumerate(extras):
@@ -263,12 +412,13 @@ def _keyed_by_sources(
             if lora_name is not None or salted or embed_rows is not None:
                 return False
             continue
-        if lora_name is not None and keys[0] != lora_name:
+        if lora_name is not None and keys[0] != lora_key(lora_name, lora_path, fmt):
             return False
-        if embed_rows is not None and keys[-1] != b"".join(embed_rows[start:end]):
+        if embed_rows is not None and keys[-1] != embeds_key(b"".join(embed_rows[start:end]),
+                                                              fmt):
             return False
         salt_at = len(keys) - 1 - (embed_rows is not None)
-        if salted and keys[salt_at] != cache_salt:
+        if salted and keys[salt_at] != salt_key(cache_salt or "", fmt):
             return False
     return True
 
@@ -283,8 +433,10 @@ def new_blocks_extra_keys(
     mm_lengths: tuple[int, ...],
     cache_salt: str | None,
     embed_rows: tuple[bytes, ...] | None,
+    fmt: KeyFormat = KeyFormat.UNTAGGED,
+    lora_path: str = "",
 ) -> tuple[ExtraKeys, ...]:
-    """The extra keys of the blocks one hasher call adds to a request.
+    """The extra keys of the blocks one hasher call adds to a request, in format ``fmt``.
 
     The request has ``num_tokens`` tokens and ``num_hashed_blocks`` blocks already hashed; the
     call hashes the full blocks after those. Its multimodal walk starts at feature 0 when it
@@ -302,7 +454,7 @@ def new_blocks_extra_keys(
     pre: 0 <= num_hashed_blocks <= num_tokens // block_size
     pre: len(mm_identifiers) == len(mm_offsets)
     pre: _sorted_positions(mm_offsets, mm_lengths)
-    post: _keyed_by_sources(__return__, num_tokens, block_size, num_hashed_blocks, lora_name, cache_salt, embed_rows)
+    post: _keyed_by_sources(__return__, num_tokens, block_size, num_hashed_blocks, lora_name, cache_salt, embed_rows, fmt, lora_path)
     """  # noqa: E501 (a PEP 316 condition must fit on one line)
     mm_idx = 0 if num_hashed_blocks == 0 else -1
     extras: tuple[ExtraKeys, ...] = ()
@@ -311,7 +463,9 @@ def new_blocks_extra_keys(
         included, mm_idx = mm_walk(mm_offsets, mm_lengths, start, end, mm_idx)
         embeds = None if embed_rows is None else b"".join(embed_rows[start:end])
         identifiers = tuple(mm_identifiers[i] for i in included)
-        extras = (*extras, block_extra_keys(lora_name, identifiers, cache_salt, embeds, start))
+        offsets = tuple(mm_offsets[i] for i in included)
+        extras = (*extras, block_extra_keys(lora_name, identifiers, cache_salt, embeds, start,
+                                            fmt, lora_path, offsets))
     return extras
 
 

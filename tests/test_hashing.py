@@ -1,7 +1,8 @@
 """Prefix hashing: impl/hashing.py against known values, against spec/hashing.py, and isolation.
 
 The reference hash used to evaluate the spec is written here from the definition (sha256 of a
-highest-protocol pickle), independently of impl's.
+highest-protocol pickle), independently of impl's. Tests of vLLM 0.13's bytes select the
+untagged extra-key format (the ``untagged`` fixture); the spec-agreement tests draw the format.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import pickle
 import random
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,12 +38,26 @@ def reference_sha256(value: Any) -> bytes:
 
 @pytest.fixture(autouse=True)
 def _restore_module_state() -> Iterator[None]:
-    """Tests may reseed NONE_HASH or flip the int-hash flag: put both back afterwards."""
+    """Tests may reseed NONE_HASH, flip the int-hash flag or change the extra-key format: put
+    all three back afterwards."""
     none_hash = hashing.NONE_HASH
     use_int = hashing.USE_INT_BLOCK_HASHES
+    key_format = hashing.EXTRA_KEY_FORMAT
     yield
     hashing.NONE_HASH = none_hash
     hashing.USE_INT_BLOCK_HASHES = use_int
+    hashing.set_extra_key_format(key_format)
+
+
+@pytest.fixture
+def untagged() -> None:
+    """vLLM 0.13's extra keys (bare values): what its bytes are computed from."""
+    hashing.set_extra_key_format(hashing.ExtraKeyFormat.UNTAGGED)
+
+
+# The impl format and the spec format of the same name.
+FORMATS = {hashing.ExtraKeyFormat.UNTAGGED: spec_hashing.KeyFormat.UNTAGGED,
+           hashing.ExtraKeyFormat.TAGGED: spec_hashing.KeyFormat.TAGGED}
 
 
 # --- hash functions and NONE_HASH ---------------------------------------------------------------
@@ -186,7 +202,7 @@ def image(identifier: str, offset: int, length: int) -> MultiModalFeatureSpec:
     return MultiModalFeatureSpec(None, "image", identifier, PlaceholderRange(offset, length))
 
 
-def test_extra_keys_order_lora_mm_salt_embeds() -> None:
+def test_extra_keys_order_lora_mm_salt_embeds(untagged: None) -> None:
     embeds = np.arange(8, dtype=np.float32).reshape(4, 2)
     request = Request(
         "r", [1, 2, 3, 4], lora_request=LoRARequest("adapter", 3), cache_salt="salt",
@@ -200,6 +216,33 @@ def test_extra_keys_order_lora_mm_salt_embeds() -> None:
     assert next_mm == 1
 
 
+def test_tagged_extra_keys_are_vllm_0_33s_tuples() -> None:
+    """The default format: each key led by its kind, as vLLM 0.33 writes it (an mm key holds
+    the feature's offset from the block start; embeddings are a sha256 digest)."""
+    assert hashing.EXTRA_KEY_FORMAT is hashing.ExtraKeyFormat.TAGGED
+    embeds = np.arange(8, dtype=np.float32).reshape(4, 2)
+    request = Request(
+        "r", [1, 2, 3, 4], lora_request=LoRARequest("adapter", 3, "/a"), cache_salt="salt",
+        mm_features=[image("img", 1, 2)], prompt_embeds=embeds,
+    )
+    keys, next_mm = hashing.generate_block_hash_extra_keys(request, 0, 2, 0)
+    assert keys == (("lora", "adapter", "/a"), ("mm", "img", 1), ("cache_salt", "salt"),
+                    ("prompt_embeds", hashlib.sha256(embeds[0:2].tobytes()).digest()))
+    keys, next_mm = hashing.generate_block_hash_extra_keys(request, 2, 4, next_mm)
+    assert keys == (("lora", "adapter", "/a"), ("mm", "img", -1),
+                    ("prompt_embeds", hashlib.sha256(embeds[2:4].tobytes()).digest()))
+
+
+@pytest.mark.parametrize("value", ["x", None, 1, [hashing.ExtraKeyFormat.TAGGED], "TAGGED"])
+def test_bad_extra_key_format_is_refused(value: Any) -> None:
+    before = hashing.EXTRA_KEY_FORMAT
+    with pytest.raises(hashing.InvalidExtraKeyFormatError, match=re.escape(repr(value))):
+        hashing.set_extra_key_format(value)
+    assert hashing.EXTRA_KEY_FORMAT is before
+    assert hashing.set_extra_key_format("untagged") is before
+    assert hashing.EXTRA_KEY_FORMAT is hashing.ExtraKeyFormat.UNTAGGED
+
+
 def test_extra_keys_none_without_sources() -> None:
     request = Request("r", [1, 2, 3, 4], cache_salt="")
     assert hashing.need_extra_keys(request)  # a salt, even an empty one, counts (vLLM 0.13)
@@ -207,7 +250,7 @@ def test_extra_keys_none_without_sources() -> None:
     assert not hashing.need_extra_keys(Request("q", [1]))
 
 
-def test_prompt_embeds_of_a_torch_tensor_are_raw_bytes() -> None:
+def test_prompt_embeds_of_a_torch_tensor_are_raw_bytes(untagged: None) -> None:
     torch = pytest.importorskip("torch")
     embeds = torch.arange(12, dtype=torch.bfloat16).reshape(6, 2)
     request = Request("r", None, prompt_embeds=embeds)
@@ -230,16 +273,28 @@ TOKENS = st.one_of(st.integers(0, 255), st.integers(256, 2**31 - 1), st.integers
 
 
 @st.composite
+def feature_positions(draw: st.DrawFn, max_offset: int, max_length: int,
+                      max_count: int = 3) -> list[tuple[int, int]]:
+    """(offset, length) of up to ``max_count`` features in token order, none overlapping the
+    next (a request refuses others), the first at most ``max_offset`` in."""
+    positions: list[tuple[int, int]] = []
+    end = 0
+    for _ in range(draw(st.integers(0, max_count))):
+        offset = draw(st.integers(end, max(end, max_offset)))
+        length = draw(st.integers(0, max_length))
+        positions.append((offset, length))
+        end = offset + length
+    return positions
+
+
+@st.composite
 def request_inputs(draw: st.DrawFn, embeds: bool = True) -> dict[str, Any]:
     block_size = draw(st.integers(1, 5))
     tokens = draw(st.lists(TOKENS, max_size=6 * block_size + 3))
-    num_features = draw(st.integers(0, 3))
-    positions = sorted(
-        (draw(st.integers(0, len(tokens) + 2)), draw(st.integers(0, 2 * block_size + 1)))
-        for _ in range(num_features)
-    )
+    positions = draw(feature_positions(len(tokens) + 2, 2 * block_size + 1))
     use_embeds = embeds and draw(st.booleans())
     return {
+        "format": draw(st.sampled_from(list(FORMATS))),
         "block_size": block_size,
         "tokens": tokens,
         "lora_name": draw(st.none() | st.sampled_from(["lora-a", "lora-b"])),
@@ -253,6 +308,7 @@ def request_inputs(draw: st.DrawFn, embeds: bool = True) -> dict[str, Any]:
 
 
 def make_request(inputs: dict[str, Any], num_prompt_tokens: int | None = None) -> Request:
+    hashing.set_extra_key_format(inputs["format"])
     tokens = inputs["tokens"]
     prompt = tokens if num_prompt_tokens is None else tokens[:num_prompt_tokens]
     lora_name = inputs["lora_name"]
@@ -280,6 +336,7 @@ def spec_new_hashes(
         len(tokens), block_size, len(hashed), inputs["lora_name"],
         tuple(i for i, _, _ in features), tuple(o for _, o, _ in features),
         tuple(n for _, _, n in features), inputs["cache_salt"], rows,
+        FORMATS[inputs["format"]], "",
     )
     return list(spec_hashing.chain_hashes(
         reference_sha256, hashing.NONE_HASH, tuple(tokens[len(hashed) * block_size :]),
@@ -293,6 +350,7 @@ def test_request_hashes_agree_with_spec(inputs: dict[str, Any]) -> None:
     expected = spec_new_hashes(inputs, inputs["tokens"], [], len(inputs["tokens"]))
     assert request.block_hashes == expected
     event(f"full blocks: {min(len(expected), 4)}{'+' if len(expected) > 4 else ''}")
+    event(f"format: {inputs['format'].value}")
     event(f"extra keys: {hashing.need_extra_keys(request) or inputs['embeds'] is not None}")
 
 
@@ -336,7 +394,8 @@ def test_incremental_hashing_keeps_vllm_0_13_multimodal_quirk() -> None:
     """A feature ending exactly where an incremental call's first block starts is keyed into
     that block, though hashing the same tokens in one call leaves it out (vLLM 0.13)."""
     inputs: dict[str, Any] = {
-        "block_size": 4, "tokens": list(range(8)), "lora_name": None, "cache_salt": None,
+        "format": hashing.ExtraKeyFormat.UNTAGGED, "block_size": 4, "tokens": list(range(8)),
+        "lora_name": None, "cache_salt": None,
         "features": [("img", 0, 4)], "embeds": None,
     }
     incremental = make_request(inputs, 6)
@@ -480,7 +539,7 @@ def _walk_admissible(offsets: tuple[int, ...], lengths: tuple[int, ...], start: 
     return (
         len(offsets) == len(lengths) <= 3
         and all(o >= 0 for o in offsets) and all(n >= 0 for n in lengths)
-        and list(offsets) == sorted(offsets)
+        and all(offsets[i] + lengths[i] <= offsets[i + 1] for i in range(len(offsets) - 1))
         and 0 <= start < end
         and (not offsets or -len(offsets) <= start_mm_idx <= len(offsets))
     )
@@ -501,16 +560,16 @@ def impl_mm_walk(offsets: tuple[int, ...], lengths: tuple[int, ...], start: int,
                                                                    strict=True))]
     request = Request("walk", [0], mm_features=features)
     keys, next_index = hashing.generate_block_hash_extra_keys(request, start, end, start_mm_idx)
-    return tuple(int(k) for k in keys or ()), next_index
+    # The identifier, in either format (a tagged key is ("mm", identifier, offset - start)).
+    return tuple(int(k[1] if isinstance(k, tuple) else k) for k in keys or ()), next_index
 
 
 @given(
-    positions=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 6)), max_size=3),
+    positions=feature_positions(12, 6),
     start=st.integers(0, 14), width=st.integers(1, 5), start_mm_idx=st.integers(-3, 3),
 )
 def test_mm_walk_agrees_with_spec(positions: list[tuple[int, int]], start: int, width: int,
                                   start_mm_idx: int) -> None:
-    positions.sort()
     offsets = tuple(o for o, _ in positions)
     lengths = tuple(n for _, n in positions)
     args = (offsets, lengths, start, start + width, start_mm_idx)
@@ -563,7 +622,8 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-def test_block_hashes_match_vllm_0_13_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_block_hashes_match_vllm_0_13_when_installed(monkeypatch: pytest.MonkeyPatch,
+                                                     untagged: None) -> None:
     if not VLLM_PYTHON.exists():
         pytest.skip("no .venv-vllm-0.13.0 (make vllm-env VLLM=0.13.0 builds it)")
     rng = random.Random(13)
@@ -575,8 +635,12 @@ def test_block_hashes_match_vllm_0_13_when_installed(monkeypatch: pytest.MonkeyP
                                   rng.randint(2**31, 2**40)])
                       for _ in range(rng.randint(0, 5 * bs))]
             split = rng.randint(0, len(tokens))
-            positions = sorted((rng.randint(0, len(tokens)), rng.randint(0, 2 * bs))
-                               for _ in range(rng.randint(0, 2)))
+            positions = []
+            end = 0
+            for _ in range(rng.randint(0, 2)):  # in token order, not overlapping
+                offset = rng.randint(end, max(end, len(tokens)))
+                positions.append((offset, rng.randint(0, 2 * bs)))
+                end = sum(positions[-1])
             cases.append([algo, bs, tokens[:split], tokens[split:],
                           rng.choice([None, "lora-a"]), rng.choice([None, "", "salt"]),
                           [[f"mm{i}", o, n] for i, (o, n) in enumerate(positions)]])
@@ -599,3 +663,101 @@ def test_block_hashes_match_vllm_0_13_when_installed(monkeypatch: pytest.MonkeyP
             request.append_output_token_ids(token)
         ours.append([h.hex() for h in request.block_hashes])
     assert ours == theirs
+
+
+# --- tagged keys: vLLM 0.33's, when its environment is at hand ------------------------------------
+
+VLLM_033_PYTHON = REPO_ROOT / ".venv-vllm-0.33.0" / "bin" / "python"
+
+# Runs under vLLM 0.33's interpreter: prints, per case, block 0's extra keys (repr) and the block
+# hashes as hex, one JSON list.
+VLLM_033_SIDE = """
+import json, sys
+import torch
+from vllm.v1.core import kv_cache_utils as ku
+from vllm.v1.request import Request
+from vllm.sampling_params import SamplingParams
+from vllm.lora.request import LoRARequest
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.utils.hashing import get_hash_fn_by_name
+out = []
+for algo, bs, prompt, rest, lora, salt, feats, embeds in json.load(sys.stdin):
+    fn = get_hash_fn_by_name(algo)
+    ku.init_none_hash(fn)
+    mm = [MultiModalFeatureSpec(data=None, modality="image", identifier=i,
+                                mm_position=PlaceholderRange(offset=o, length=n))
+          for i, o, n in feats]
+    rows = (torch.arange(len(prompt) * 2, dtype=torch.float32).reshape(-1, 2) + 0.5
+            if embeds else None)
+    req = Request("r", prompt, SamplingParams(max_tokens=8), None, mm_features=mm or None,
+                  lora_request=LoRARequest(lora[0], 1, lora[1]) if lora else None,
+                  cache_salt=salt, prompt_embeds=rows,
+                  block_hasher=ku.get_request_block_hasher(bs, fn))
+    for token in rest:
+        req.append_output_token_ids(token)
+    keys = ku.generate_block_hash_extra_keys(req, 0, bs, 0)[0] if req.num_tokens >= bs else None
+    out.append([repr(keys), [h.hex() for h in req.block_hashes]])
+print(json.dumps(out))
+"""
+
+
+def tagged_cases(rng: random.Random) -> list[Any]:
+    """Requests whose hashes vLLM 0.33 and impl's tagged format must agree on: away from the
+    multimodal walk's boundary, which 0.33 changed too (a feature ending exactly where a block
+    starts), and with features hashed in one call (0.33 finds a later call's first feature
+    differently)."""
+    cases: list[Any] = []
+    for algo in ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor"):
+        for _ in range(40):
+            bs = rng.choice([1, 2, 4, 16])
+            tokens = [rng.choice([rng.randint(0, 255), rng.randint(0, 2**31 - 1)])
+                      for _ in range(rng.randint(0, 5 * bs))]
+            positions = []
+            end = 0
+            for _ in range(rng.randint(0, 2)):
+                offset = rng.randint(end, max(end, len(tokens)))
+                length = rng.randint(1, 2 * bs)
+                if (offset + length) % bs:  # a feature not ending on a block boundary
+                    positions.append((offset, length))
+                    end = offset + length
+            split = len(tokens) if positions else rng.randint(0, len(tokens))
+            cases.append([algo, bs, tokens[:split], tokens[split:],
+                          rng.choice([None, ["lora-a", "/adapters/a"], ["x", "/adapters/x"]]),
+                          rng.choice([None, "", "salt", "x"]),
+                          [[f"mm{i}", o, n] for i, (o, n) in enumerate(positions)],
+                          bool(split) and rng.random() < 0.3])
+    return cases
+
+
+@pytest.mark.slow
+def test_tagged_keys_match_vllm_0_33_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """impl's tagged format is vLLM 0.33's: the same extra keys and block hashes."""
+    if not VLLM_033_PYTHON.exists():
+        pytest.skip("no .venv-vllm-0.33.0 (make vllm-env VLLM=0.33.0 builds it)")
+    torch = pytest.importorskip("torch")
+    cases = tagged_cases(random.Random(33))
+    env = dict(os.environ, PYTHONHASHSEED="2033", VLLM_TARGET_DEVICE="cpu")
+    proc = subprocess.run([str(VLLM_033_PYTHON), "-c", VLLM_033_SIDE], input=json.dumps(cases),
+                          env=env, capture_output=True, text=True, timeout=300, check=True)
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    monkeypatch.setenv("PYTHONHASHSEED", "2033")
+    hashing.set_extra_key_format(hashing.ExtraKeyFormat.TAGGED)
+    ours = []
+    case: Any
+    for case in cases:
+        algo, bs, prompt, rest, lora, salt, feats, embeds = case
+        fn = hashing.get_hash_fn_by_name(algo)
+        hashing.init_none_hash(fn)
+        rows = (torch.arange(len(prompt) * 2, dtype=torch.float32).reshape(-1, 2) + 0.5
+                if embeds else None)
+        request = Request("r", prompt, cache_salt=salt, prompt_embeds=rows,
+                          lora_request=LoRARequest(lora[0], 1, lora[1]) if lora else None,
+                          mm_features=[image(i, o, n) for i, o, n in feats],
+                          block_hasher=hashing.get_request_block_hasher(bs, fn))
+        for token in rest:
+            request.append_output_token_ids(token)
+        keys = (hashing.generate_block_hash_extra_keys(request, 0, bs, 0)[0]
+                if request.num_tokens >= bs else None)
+        ours.append([repr(keys), [h.hex() for h in request.block_hashes]])
+    assert ours == theirs
+    assert sum(1 for keys, _ in ours if keys != "None") > len(cases) // 2  # most carry keys

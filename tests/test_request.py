@@ -144,9 +144,8 @@ def test_unsorted_or_negative_mm_features_are_refused() -> None:
     b = MultiModalFeatureSpec(None, "image", "b", PlaceholderRange(1, 2))
     with pytest.raises(InvalidRequestError, match="sorted"):
         Request("r", list(range(10)), mm_features=[a, b])
-    negative = MultiModalFeatureSpec(None, "image", "n", PlaceholderRange(-1, 2))
-    with pytest.raises(InvalidRequestError, match="'n'"):
-        Request("r", list(range(10)), mm_features=[negative])
+    with pytest.raises(InvalidRequestError, match="-1"):
+        PlaceholderRange(-1, 2)
     request = Request("r", list(range(10)), mm_features=[b, a])
     assert request.num_encoder_inputs == 2 and request.get_num_encoder_embeds(1) == 2
     with pytest.raises(IndexError):

@@ -27,25 +27,16 @@ def _replace_everywhere(name: str, replacement: Any) -> None:
 
 def salt_in_every_block() -> None:
     """The cache salt goes into every block's extra keys, not only block 0's."""
+    original = hashing._block_extra_keys
 
-    def generate_block_hash_extra_keys(
-        request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
-    ) -> tuple[tuple[Any, ...] | None, int]:
-        keys: list[Any] = []
-        if request.lora_request is not None:
-            keys.append(request.lora_request.lora_name)
-        mm_keys, next_mm_idx = hashing._mm_extra_keys(
-            request.mm_features, start_token_idx, end_token_idx, start_mm_idx
-        )
-        keys.extend(mm_keys)
-        if request.cache_salt:
-            keys.append(request.cache_salt)
-        if request.prompt_embeds is not None:
-            keys.append(hashing._prompt_embeds_bytes(
-                request.prompt_embeds, start_token_idx, end_token_idx))
-        return (tuple(keys) if keys else None), next_mm_idx
+    def block_extra_keys(sources: Any, start: int, end: int, start_mm_idx: int,
+                         tagged: bool) -> tuple[tuple[Any, ...] | None, int]:
+        keys, next_mm_idx = original(sources, start, end, start_mm_idx, tagged)
+        if start > 0 and sources.cache_salt:
+            keys = (*(keys or ()), hashing._salt_key(sources.cache_salt, tagged))
+        return keys, next_mm_idx
 
-    _replace_everywhere("generate_block_hash_extra_keys", generate_block_hash_extra_keys)
+    _replace_everywhere("_block_extra_keys", block_extra_keys)
 
 
 def request_hasher_ignores_parent() -> None:
