@@ -13,6 +13,28 @@ Where the state lives
   pool of a million blocks costs a list of a million empty slots to build.
 
 Every input is checked before anything changes: a refused call leaves the pool as it was.
+
+Bounded events
+--------------
+``BlockPool(..., max_pending_kv_events=N)`` (kvspec's, off by default: vLLM's pool keeps
+every event until ``take_events``) bounds the events a stalled consumer leaves pending. After
+a call that queues events, when more than N are pending and at least twice as many as a
+snapshot of the cache would take, they are replaced, in place, by that snapshot:
+``AllBlocksCleared``, then one ``BlockStored`` per cached block in block id order, and
+``num_kv_event_collapses`` counts it. A consumer that replays what it takes (Stored adds
+keys, Removed takes them away, Cleared empties) still ends with exactly the cached keys; at
+most max(N, 2 x cached blocks + 1) events are pending after any call, and collapsing costs
+O(1) amortised per event (spec: ``spec/pool.py`` ``_bound_events``).
+
+A snapshot ``BlockStored`` carries what the pool keeps of a cached block: its hash, the
+block size of its group (the last one ``cache_full_blocks`` was given for the group), and
+``medium``; ``parent_block_hash`` and ``lora_id`` are None and ``token_ids`` empty, as in the
+``BlockStored`` events vLLM's offloading connector sends. A router that indexes blocks by
+hash (the replay above) loses nothing; one that needs the tokens or the parent of a block
+learns them again when the block is next stored. Keeping them would cost every cached block
+a list of its token ids (some 630 B at 16 tokens once its request is gone), a parent and a
+LoRA id, and the caching hot path the work of storing them, to serve only the rare collapse
+(docs/bounded-events.md).
 """
 
 from __future__ import annotations
@@ -56,6 +78,7 @@ logger = logging.getLogger(__name__)
 _GROUP_ID_SUFFIXES = tuple(gid.to_bytes(4, "big") for gid in range(256))
 _GROUP_0 = _GROUP_ID_SUFFIXES[0]
 _pool_of = attrgetter("_pool")
+_block_id_of = attrgetter("block_id")
 
 
 def _suffix(group_id: int) -> bytes:
@@ -96,6 +119,13 @@ def _is_subset(items: list[Any], members: set[KVCacheBlock]) -> bool:
 def _flag(name: str, value: object) -> bool:
     if type(value) is not bool:
         raise InvalidPoolConfigError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _event_bound(value: object) -> int | None:
+    if value is not None and (type(value) is not int or value < 1):
+        raise InvalidPoolConfigError(
+            f"max_pending_kv_events must be None or a positive int, got {value!r}")
     return value
 
 
@@ -238,6 +268,8 @@ class BlockPool:
         hash_block_size: int | object,
         enable_kv_cache_events: bool | object = False,
         metrics_collector: KVCacheMetricsCollector | object | None = None,
+        *,
+        max_pending_kv_events: int | object | None = None,
     ) -> None:
         if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
             raise InvalidBlockCountError(
@@ -251,6 +283,10 @@ class BlockPool:
         self.hash_block_size: int = hash_block_size
         self.enable_kv_cache_events = _flag("enable_kv_cache_events", enable_kv_cache_events)
         self.metrics_collector = _collector(metrics_collector)
+        # The bound on pending events (None: unbounded); module docstring, Bounded events.
+        self.max_pending_kv_events: int | None = _event_bound(max_pending_kv_events)
+        self.num_kv_event_collapses = 0
+        self._stored_block_sizes: dict[int, int] = {}  # group -> block size of its events
         self._objects: list[KVCacheBlock | None] = [None] * num_gpu_blocks
         self.null_block = KVCacheBlock._owned_by(self, 0)
         self.null_block.is_null = True
@@ -446,6 +482,9 @@ class BlockPool:
                 insert(group_id, block_hash, block)
         if stored is not None:
             self.kv_event_queue.append(stored)
+            self._stored_block_sizes[group_id] = block_size
+            if self.max_pending_kv_events is not None:
+                self._bound_kv_events()
 
     def _stored_event(
         self, request: object, hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
@@ -520,6 +559,33 @@ class BlockPool:
                 removed(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
                         medium=MEDIUM_GPU)
                 for block_hash in hashes)
+            if self.max_pending_kv_events is not None:
+                self._bound_kv_events()
+
+    def _bound_kv_events(self) -> None:
+        """Collapse the pending events into a snapshot of the cache, when more than the bound
+        are pending and at least twice as many as the snapshot takes (module docstring)."""
+        queue = self.kv_event_queue
+        pending = len(queue)
+        bound = self.max_pending_kv_events
+        key_of = self._key_of
+        if bound is None or pending <= bound or pending < 2 * (len(key_of) + 1):
+            return
+        stored, group_of = host_types.BlockStored, self._group_of
+        # A keyed block's group always has a size (recorded with the key's BlockStored).
+        sizes, default_size = self._stored_block_sizes, self.hash_block_size
+        snapshot: list[KVCacheEvent] = [host_types.AllBlocksCleared()]
+        for block in sorted(key_of, key=_block_id_of):
+            snapshot.append(stored(
+                block_hashes=[maybe_convert_block_hash(BlockHash(key_of[block]))],
+                parent_block_hash=None,
+                token_ids=[],
+                block_size=sizes.get(group_of.get(block, 0), default_size),
+                lora_id=None,
+                medium=MEDIUM_GPU,
+            ))
+        queue[:] = snapshot  # in place: a caller may hold the queue
+        self.num_kv_event_collapses += 1
 
     def touch(
         self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock] | object
@@ -632,13 +698,16 @@ class BlockPool:
                     f"block id {block_id!r} is outside the pool of {self.num_gpu_blocks} blocks"
                 )
         ids: list[int] = list(dict.fromkeys(listed))
+        keyed: list[KVCacheBlock] = []
         for block_id in ids:
             block = self._objects[block_id]
             if block is not None:
                 if self.metrics_collector is not None:
                     self.metrics_collector.on_block_evicted(block)
                 if block in self._key_of:
-                    self._evict_all([block])
+                    keyed.append(block)
+        if keyed:  # in one go: the events come in the same order, the bound is checked once
+            self._evict_all(keyed)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached key; refused (False) while any block but the null one is in use."""
@@ -656,6 +725,8 @@ class BlockPool:
             self.metrics_collector.reset()
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(host_types.AllBlocksCleared())
+            if self.max_pending_kv_events is not None:
+                self._bound_kv_events()
         return True
 
     # -- accounting ----------------------------------------------------------------------

@@ -10,6 +10,12 @@ The clock and the random source are vLLM's by default, looked up when they are r
 ``time.monotonic_ns`` and the ``random`` module's shared generator, so ``random.seed`` and
 ``unittest.mock.patch("time.monotonic_ns", ...)`` (as vLLM's tests do) act on impl as on
 vLLM. Both are also injectable (``clock=``, ``rng=``) for deterministic tests.
+
+Bad input is refused with ``InvalidMetricsArgumentError`` (a ``ValueError``) before anything
+changes, and before a random number is drawn: a block is anything with an int ``block_id``
+>= 0 (impl's blocks, vLLM's, a test's stand-in); a batch of ids is read whole and checked
+first. A clock is trusted to return int nanoseconds: it is not called to check it, since
+that would take a reading from a patched or fake clock.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from kvspec.impl.stats import KVCacheEvictionEvent as KVCacheEvictionEvent
 
 __all__ = [
     "BlockMetricsState",
+    "InvalidMetricsArgumentError",
     "InvalidSampleRateError",
     "KVCacheEvictionEvent",
     "KVCacheMetricsCollector",
@@ -40,6 +47,54 @@ Clock = Callable[[], int]
 
 class InvalidSampleRateError(ValueError):
     """A sample rate outside (0, 1] (vLLM asserts instead)."""
+
+
+class InvalidMetricsArgumentError(ValueError):
+    """Not a block, not a block id, or a clock or random source that cannot be called."""
+
+
+def _not_a_block(block: object) -> InvalidMetricsArgumentError:
+    return InvalidMetricsArgumentError(f"not a block with an int block_id >= 0: {block!r}")
+
+
+def _block_id(block: object) -> int:
+    """``block.block_id``, or a typed refusal."""
+    try:
+        block_id = block.block_id  # type: ignore[attr-defined]
+    except AttributeError:
+        raise _not_a_block(block) from None
+    if type(block_id) is not int or block_id < 0:
+        raise _not_a_block(block)
+    return block_id
+
+
+def _check_block_id(block_id: object) -> int:
+    if type(block_id) is not int or block_id < 0:
+        raise InvalidMetricsArgumentError(f"a block id must be an int >= 0, got {block_id!r}")
+    return block_id
+
+
+def _block_ids(block_ids: object) -> list[int]:
+    """``block_ids`` read whole into a list and checked (ints >= 0), before anything changes.
+    An iterator that fails while read raises its own error."""
+    try:
+        iterator = iter(block_ids)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidMetricsArgumentError(
+            f"block ids must be an iterable of ints, got {block_ids!r}") from None
+    ids = list(iterator)
+    # A type count and a min at C speed; the loop only finds the culprit.
+    if list(map(type, ids)).count(int) != len(ids) or (ids and min(ids) < 0):
+        for block_id in ids:
+            _check_block_id(block_id)
+    return ids
+
+
+def _check_clock(clock: object) -> Clock:
+    if not callable(clock):
+        raise InvalidMetricsArgumentError(
+            f"clock must be a callable returning int nanoseconds, got {clock!r}")
+    return clock
 
 
 # Not ``time.monotonic_ns`` itself as the default: a default argument binds the function when
@@ -63,7 +118,7 @@ class BlockMetricsState:
     __slots__ = ("_clock", "access_history", "birth_time_ns", "last_access_ns")
 
     def __init__(self, clock: Clock = _monotonic_ns) -> None:
-        now_ns = clock()
+        now_ns = _check_clock(clock)()
         self._clock = clock
         self.birth_time_ns = now_ns
         self.last_access_ns = now_ns
@@ -107,47 +162,57 @@ class KVCacheMetricsCollector:
             or not 0 < sample_rate <= 1.0
         ):
             raise InvalidSampleRateError(f"sample rate must be in (0, 1], got {sample_rate!r}")
+        draw = _shared_random if rng is None else getattr(rng, "random", None)
+        if not callable(draw):
+            raise InvalidMetricsArgumentError(
+                f"rng must be None or a random.Random, got {rng!r}")
         self.sample_rate = float(sample_rate)
-        self._random: Callable[[], float] = _shared_random if rng is None else rng.random
-        self._clock = clock
+        self._random: Callable[[], float] = draw
+        self._clock = _check_clock(clock)
         self.block_metrics: dict[int, BlockMetricsState] = {}
         self._eviction_events: list[KVCacheEvictionEvent] = []
 
     def should_sample_block(self) -> bool:
         return self._random() < self.sample_rate
 
-    def on_block_allocated(self, block: _HasBlockId) -> None:
+    def on_block_allocated(self, block: _HasBlockId | object) -> None:
+        block_id = _block_id(block)
         if self._random() < self.sample_rate:
-            self.block_metrics[block.block_id] = BlockMetricsState(self._clock)
+            self.block_metrics[block_id] = BlockMetricsState(self._clock)
 
-    def on_blocks_allocated(self, block_ids: Iterable[int]) -> None:
+    def on_blocks_allocated(self, block_ids: Iterable[int] | object) -> None:
         """``on_block_allocated`` for many blocks by id: the same draws, in the same order."""
+        ids = _block_ids(block_ids)
         draw = self._random
         rate = self.sample_rate
-        for block_id in block_ids:
+        for block_id in ids:
             if draw() < rate:
                 self.block_metrics[block_id] = BlockMetricsState(self._clock)
 
-    def on_block_accessed(self, block: _HasBlockId) -> None:
-        state = self.block_metrics.get(block.block_id)
+    def on_block_accessed(self, block: _HasBlockId | object) -> None:
+        state = self.block_metrics.get(_block_id(block))
         if state is not None:
             state.record_access()
 
-    def on_blocks_accessed(self, block_ids: Iterable[int]) -> None:
+    def on_blocks_accessed(self, block_ids: Iterable[int] | object) -> None:
         """``on_block_accessed`` for many blocks by id."""
+        ids = _block_ids(block_ids)
         metrics = self.block_metrics
         if not metrics:
             return
-        for block_id in block_ids:
+        for block_id in ids:
             state = metrics.get(block_id)
             if state is not None:
                 state.record_access()
 
-    def on_block_evicted(self, block: _HasBlockId) -> None:
-        self.on_block_id_evicted(block.block_id)
+    def on_block_evicted(self, block: _HasBlockId | object) -> None:
+        self._evicted(_block_id(block))
 
-    def on_block_id_evicted(self, block_id: int) -> None:
+    def on_block_id_evicted(self, block_id: int | object) -> None:
         """``on_block_evicted`` by id: stop tracking the block and report its residency."""
+        self._evicted(_check_block_id(block_id))
+
+    def _evicted(self, block_id: int) -> None:
         state = self.block_metrics.pop(block_id, None)
         if state is None:
             return

@@ -25,6 +25,15 @@ options, the same class names, the same fields in the same order, and the same d
 Unlike vLLM's, impl's events are frozen: ``KVEventAggregator`` counts them in a ``Counter``,
 so they must not change while counted. Equal fields make equal events, and every event is
 hashable (list fields hash as tuples, as in vLLM; vLLM's ``AllBlocksCleared`` is unhashable).
+
+Building an event checks nothing, as msgspec and vLLM's classes do: a ``Struct``'s fields are
+checked when it is decoded (``msgspec.msgpack.Decoder(KVEventBatch)`` refuses a hash that is
+neither int nor bytes), not when it is made. vLLM's callers rely on that (its own tests build
+``BlockStored`` with ``str`` hashes, its LMCache connector passes LMCache's values through),
+and checking would tax the pool, which builds one ``BlockRemoved`` per eviction (a field
+check in ``__post_init__`` takes a ``BlockRemoved`` from about 65 ns to 230 ns). The pool
+checks the hashes and token ids it puts in an event before it builds it, so its events always
+decode. What consumes events here, the aggregator, refuses one it cannot count.
 """
 
 from __future__ import annotations
@@ -141,7 +150,14 @@ class KVEventAggregator:
         for event in events:
             if not isinstance(event, KVCacheEvent):
                 raise InvalidEventsError(f"not a KVCacheEvent: {event!r}")
-        self._event_counter.update(events)
+        try:  # counted apart first: an event that cannot be hashed leaves the counts as they were
+            counted = Counter(events)
+        except TypeError:
+            unhashable = next(e for e in events if not _hashable(e))
+            raise InvalidEventsError(
+                f"an event whose fields cannot be hashed cannot be counted: {unhashable!r}"
+            ) from None
+        self._event_counter.update(counted)
 
     def get_common_events(self) -> list[KVCacheEvent]:
         """Events every worker has reported, in first-seen order."""
@@ -174,6 +190,14 @@ class KVEventAggregator:
             f"KVEventAggregator(num_workers={self._num_workers}, "
             f"events={dict(self._event_counter)})"
         )
+
+
+def _hashable(event: object) -> bool:
+    try:
+        hash(event)
+    except TypeError:
+        return False
+    return True
 
 
 def _check_worker_count(count: object, what: str) -> None:

@@ -2,12 +2,18 @@
 
 ``add_plan_parser(subparsers)`` adds the ``plan`` sub-command to an argparse parser (its
 handler is ``args.func``, i.e. ``run_plan``); ``python -m kvspec.models.cli plan`` runs it alone.
+
+A bad value (an unknown model, a memory size or count that cannot be read or is out of range)
+is one line on stderr, ``kvspec plan: error: ...`` naming it, and exit status 2: numbers are
+read here, not by argparse, so that its usage text does not bury the error. argparse's own
+usage errors (neither or both of ``--memory`` and ``--num-blocks``) exit 2 as usual.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -18,6 +24,7 @@ from kvspec.models.plan import (
     InvalidMemorySize,
     InvalidPlanArgument,
     MemoryPlan,
+    _shown,
     format_bytes,
     parse_memory,
     plan_memory,
@@ -46,20 +53,19 @@ def add_plan_parser(subparsers: Any) -> None:
         "--memory", help="KV-cache memory, e.g. 80GiB, 80GB, 512MiB or a byte count"
     )
     budget.add_argument(
-        "--num-blocks", type=int, help="plan for this many blocks (null block included)"
+        "--num-blocks", help="plan for this many blocks (null block included)"
     )
     parser.add_argument(
-        "--block-size", type=int, default=16, help="tokens per block (default 16)"
+        "--block-size", default=16, help="tokens per block (default 16)"
     )
     parser.add_argument(
         "--max-num-batched-tokens",
-        type=int,
         default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
         help=f"chunked-prefill step, bounds sliding/chunked windows "
         f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
     )
     parser.add_argument(
-        "--max-model-len", type=int, help="longest request (default: the model's own limit)"
+        "--max-model-len", help="longest request (default: the model's own limit)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=run_plan)
@@ -150,6 +156,25 @@ def render_plan(plan: MemoryPlan) -> str:
     return "\n".join(lines)
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+# Far more digits than 2**63 - 1 has; int() is not asked to read more (past 4,300 digits it
+# raises a bare ValueError).
+_MAX_DIGITS = 40
+
+
+def _integer(option: str, value: object) -> int | None:
+    """An integer option's value: None or an int (a default) as it is, else its text read as
+    an ASCII integer (the planner checks the range)."""
+    if value is None or type(value) is int:
+        return value
+    text = value.strip() if isinstance(value, str) else ""
+    if _INTEGER.fullmatch(text) is None:
+        raise InvalidPlanArgument(f"{option} must be an integer, got {_shown(value)}")
+    if len(text) > _MAX_DIGITS:
+        raise InvalidPlanArgument(f"{option} must be at most 2**63 - 1, got {_shown(value)}")
+    return int(text)
+
+
 def _fail(message: str, stderr: TextIO) -> int:
     print(f"kvspec plan: error: {message}", file=stderr)
     return 2
@@ -163,13 +188,15 @@ def run_plan(args: argparse.Namespace) -> int:
         return _fail(str(error), sys.stderr)
     try:
         memory = None if args.memory is None else parse_memory(args.memory)
+        block_size = _integer("--block-size", args.block_size)
+        batched = _integer("--max-num-batched-tokens", args.max_num_batched_tokens)
         plan = plan_memory(
             layout,
             memory_bytes=memory,
-            num_blocks=args.num_blocks,
-            block_size=args.block_size,
-            max_model_len=args.max_model_len,
-            max_num_batched_tokens=args.max_num_batched_tokens,
+            num_blocks=_integer("--num-blocks", args.num_blocks),
+            block_size=16 if block_size is None else block_size,
+            max_model_len=_integer("--max-model-len", args.max_model_len),
+            max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if batched is None else batched,
         )
     except (InvalidMemorySize, InvalidPlanArgument, InvalidLayout) as error:
         return _fail(str(error), sys.stderr)

@@ -35,6 +35,11 @@ concurrency figure are written once, over any spec type, in the last section of 
 them to a layout's ``GroupSpec``s, and ``kvspec.impl.kv_cache_planning`` (vLLM 0.13's
 ``get_kv_cache_configs`` and friends) to the spec objects of vLLM's callers.
 
+Every count and size the plan reads (block sizes, block counts, token counts, memory bytes)
+is an int from 1 to 2**63 - 1, the int64 range vLLM's tensors and memory figures live in;
+anything else is refused with ``InvalidPlanArgument`` (``InvalidMemorySize`` for memory),
+naming the value.
+
 Not modelled by ``kv_cache_groups`` (``impl.kv_cache_planning`` handles them for spec objects):
 layers of one kind with different shapes (vLLM's ``UniformTypeKVCacheSpecs``), the hybrid
 allocator switched off, context parallelism. Not modelled anywhere: fp8/quantised KV caches,
@@ -104,10 +109,27 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# The largest count or size the plan takes: int64, as vLLM's tensors and memory figures hold.
+MAX_PLAN_INT = 2**63 - 1
+
+
 def _require_positive_int(name: str, value: object) -> int:
-    if type(value) is not int or value <= 0:
-        raise InvalidPlanArgument(f"{name} must be a positive int, got {value!r}")
+    if type(value) is not int or not 0 < value <= MAX_PLAN_INT:
+        raise InvalidPlanArgument(
+            f"{name} must be a positive int at most 2**63 - 1, got {_shown(value)}")
     return value
+
+
+def _require_layout(layout: object) -> ModelLayout:
+    if not isinstance(layout, ModelLayout):
+        raise InvalidPlanArgument(f"not a ModelLayout: {_shown(layout)}")
+    return layout
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short for a value too long to name in a one-line error."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:40]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)
@@ -258,6 +280,7 @@ def layer_specs(
     """Each layer's spec, in layer order, with vLLM's attention/Mamba page alignment applied
     (module docstring, 1-2; what vLLM's model runner reports per layer), and the adjustments
     made, in words."""
+    _require_layout(layout)
     _require_positive_int("block_size", block_size)
     if mamba_block_size is not None:
         _require_positive_int("mamba_block_size", mamba_block_size)
@@ -437,6 +460,7 @@ def plan_memory(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> MemoryPlan:
     """Plan ``layout`` for a memory budget or a block count (give exactly one)."""
+    _require_layout(layout)
     if (memory_bytes is None) == (num_blocks is None):
         raise InvalidPlanArgument(
             f"give exactly one of memory_bytes ({memory_bytes!r}) and num_blocks ({num_blocks!r})"
@@ -633,7 +657,11 @@ _UNITS: dict[str, int] = {
     "tib": 1024**4,
     "tb": 1000**4,
 }
-_MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*")
+# ASCII only: str.isdigit digits of other scripts ("١") and Unicode spaces are not sizes.
+_MEMORY = re.compile(r"[ \t]*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)[ \t]*([a-zA-Z]*)[ \t]*", re.ASCII)
+# More digits than any size up to 2**63 - 1 bytes needs (19, and a fraction's worth more):
+# refused before int() reads them (it refuses past 4,300 digits with a bare ValueError).
+_MAX_MEMORY_DIGITS = 40
 
 
 def parse_memory(text: str) -> int:
@@ -643,21 +671,26 @@ def parse_memory(text: str) -> int:
     ``KB``/``MB``/``GB``/``TB`` powers of 1000. Fractions round down to whole bytes.
     """
     if not isinstance(text, str):
-        raise InvalidMemorySize(f"memory size must be a string, got {text!r}")
+        raise InvalidMemorySize(f"memory size must be a string, got {_shown(text)}")
     match = _MEMORY.fullmatch(text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
         raise InvalidMemorySize(
-            f"cannot read memory size {text!r}; write e.g. 80GiB, 80GB, 512MiB or a byte count"
+            f"cannot read memory size {_shown(text)}; write e.g. 80GiB, 80GB, 512MiB or a "
+            "byte count"
         )
     number = match.group(1)
+    if len(number) > _MAX_MEMORY_DIGITS:
+        raise InvalidMemorySize(f"memory size {_shown(text)} is more than 2**63 - 1 bytes")
     whole, _, fraction = number.partition(".")
     scale = _UNITS[unit]
     # Exact integer arithmetic: "0.1GiB" must not suffer float rounding.
     denominator = int(10 ** len(fraction))
     result = (int(whole or "0") * denominator + int(fraction or "0")) * scale // denominator
     if result <= 0:
-        raise InvalidMemorySize(f"memory size {text!r} is not a positive number of bytes")
+        raise InvalidMemorySize(f"memory size {_shown(text)} is not a positive number of bytes")
+    if result > MAX_PLAN_INT:
+        raise InvalidMemorySize(f"memory size {_shown(text)} is more than 2**63 - 1 bytes")
     return result
 
 
@@ -665,6 +698,10 @@ def format_bytes(count: int) -> str:
     """``count`` bytes in the largest binary unit that keeps it at least 1 (e.g. ``80 GiB``)."""
     for unit, scale in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if count >= scale:
-            value = count / scale
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.2f} {unit}"
+            if count % scale == 0:
+                return f"{count // scale} {unit}"
+            if count >= 2**1000:  # past float's range: round in integers
+                hundredths = (count * 100 + scale // 2) // scale
+                return f"{hundredths // 100}.{hundredths % 100:02d} {unit}"
+            return f"{count / scale:.2f} {unit}"
     return f"{count} B"

@@ -6,6 +6,14 @@ model says *what* happens, never how fast. Invariants live in `spec.pool_invaria
 
 Block 0 is the null block: it is never free, never keyed, and its ref count is not modelled.
 A key is a `BlockHashWithGroupId`: the block hash followed by the 4-byte big-endian group id.
+
+Events may be bounded (`new_pool(max_pending_events=...)`, off by default as in vLLM): after
+an operation that emits events, when more than the bound are pending (emitted, not yet taken)
+and at least twice as many as a snapshot of the cache would take, the pending events are
+replaced by that snapshot: `Cleared`, then one `Stored` per keyed block in block id order
+(`_bound_events`). A consumer that replays every event it takes still ends with exactly the
+keyed blocks' hashes (`pool_invariants.events_replay_to_cached_keys`), and at most
+max(bound, 2 x keyed blocks + 1) events are ever pending (`pending_events_within_bound`).
 """
 
 from __future__ import annotations
@@ -94,6 +102,10 @@ class BadHash(PoolError, ValueError):
     """A block hash or group id that cannot form a key."""
 
 
+class BadConfig(PoolError, ValueError):
+    """A pool that cannot be built (a bound on pending events below 1)."""
+
+
 # --- State -------------------------------------------------------------------------------------
 
 
@@ -109,6 +121,11 @@ class PoolState:
     cached: tuple[tuple[Key, tuple[BlockId, ...]], ...]  # key -> blocks, first inserted first
     events: tuple[Event, ...] = ()  # every event emitted so far
     num_taken: int = 0  # how many of them take_events has handed out
+    max_pending_events: int | None = None  # the bound on pending events; None: unbounded
+    num_collapses: int = 0  # how often the pending events were replaced by a snapshot
+    # Each group's block size, as the last Stored event of the group carried it: what a
+    # snapshot's Stored events say (a group has one block size; the pool keeps no other).
+    group_block_sizes: tuple[tuple[int, int], ...] = ()
 
 
 def new_pool(
@@ -116,18 +133,22 @@ def new_pool(
     enable_caching: bool = True,
     enable_events: bool = False,
     profile: Profile = Profile.V0_13,
+    max_pending_events: int | None = None,
 ) -> PoolState:
     """A fresh pool: the null block taken, every other block free in id order.
 
     pre: 1 <= num_blocks <= 64
+    raises: PoolError
     post: __return__.free == tuple(range(1, num_blocks))
     """
     if num_blocks < 1:
         raise NotEnoughFree(f"a pool needs at least 1 block, got num_blocks={num_blocks}")
+    if max_pending_events is not None and max_pending_events < 1:
+        raise BadConfig(f"the bound on pending events must be >= 1, got {max_pending_events}")
     return PoolState(
         num_blocks, enable_caching, enable_events, profile,
         ref=(0,) * num_blocks, free=tuple(range(1, num_blocks)),
-        key_of=(None,) * num_blocks, cached=(),
+        key_of=(None,) * num_blocks, cached=(), max_pending_events=max_pending_events,
     )
 
 
@@ -177,6 +198,32 @@ def _emit(state: PoolState, event: Event) -> PoolState:
     return replace(state, events=state.events + (event,)) if state.enable_events else state
 
 
+def _bound_events(state: PoolState) -> PoolState:
+    """Collapse the pending events into a snapshot of the cache when the bound says so.
+
+    After an operation that emits: more than ``max_pending_events`` pending, and at least
+    twice as many as the snapshot (so that collapsing halves them at least: a consumer that
+    never takes events costs O(1) amortised per event, not a snapshot per event). The
+    snapshot is `Cleared`, then one `Stored` per keyed block in block id order, carrying the
+    key's hash, no parent, no token ids, the group's block size and no LoRA: the pool keeps
+    no more about a cached block.
+    """
+    bound = state.max_pending_events
+    pending = len(state.events) - state.num_taken
+    keyed = [(b, key) for b, key in enumerate(state.key_of) if key is not None]
+    if bound is None or pending <= bound or pending < 2 * (len(keyed) + 1):
+        return state
+    # A key's group always has a size: a key is set with its Stored event, which records it
+    # (the 0 keeps this total over the arbitrary states CrossHair tries).
+    sizes = dict(state.group_block_sizes)
+    snapshot: tuple[Event, ...] = (Cleared(),) + tuple(
+        Stored((external_hash(key),), None, (), sizes.get(int.from_bytes(key[-4:], "big"), 0),
+               None)
+        for _, key in keyed)
+    return replace(state, events=state.events[:state.num_taken] + snapshot,
+                   num_collapses=state.num_collapses + 1)
+
+
 def _check_ids(state: PoolState, blocks: Iterable[BlockId]) -> None:
     for block in blocks:
         if not (isinstance(block, int) and 0 <= block < state.num_blocks):
@@ -212,7 +259,7 @@ def get_new_blocks(state: PoolState, n: int) -> tuple[PoolState, tuple[BlockId, 
     for block in taken:
         state = _uncache(state, block)
         state = replace(state, ref=_set(state.ref, block, 1))
-    return state, taken
+    return _bound_events(state), taken
 
 
 def free_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
@@ -309,11 +356,16 @@ def cache_full_blocks(
     if not new and not state.profile.stored_event_when_nothing_keyed:
         return state
     parent = make_key(block_hashes[num_cached - 1], group_id) if num_cached > 0 else None
-    return _emit(state, Stored(
+    state = _emit(state, Stored(
         hashes=tuple(external_hash(k) for _, k in new),
         parent=None if parent is None else external_hash(parent),
         token_ids=tuple(token_ids), block_size=block_size, lora_id=lora_id,
     ))
+    if state.enable_events:
+        sizes = dict(state.group_block_sizes)
+        sizes[group_id] = block_size
+        state = replace(state, group_block_sizes=tuple(sorted(sizes.items())))
+    return _bound_events(state)
 
 
 def get_cached_block(
@@ -348,7 +400,7 @@ def evict_blocks(state: PoolState, block_ids: Iterable[BlockId]) -> PoolState:
     _check_ids(state, ids)
     for block in ids:
         state = _uncache(state, block)
-    return state
+    return _bound_events(state)
 
 
 def reset_prefix_cache(state: PoolState) -> tuple[PoolState, bool]:
@@ -360,7 +412,7 @@ def reset_prefix_cache(state: PoolState) -> tuple[PoolState, bool]:
     if len(state.free) != state.num_blocks - 1:
         return state, False
     state = replace(state, key_of=(None,) * state.num_blocks, cached=())
-    return _emit(state, Cleared()), True
+    return _bound_events(_emit(state, Cleared())), True
 
 
 def num_free(state: PoolState) -> int:

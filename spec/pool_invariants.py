@@ -65,7 +65,9 @@ def events_replay_to_cached_keys(state: PoolState) -> bool:
     """Replaying the emitted events onto an empty multiset gives the keyed blocks' hashes.
 
     Stored adds one per newly keyed block, Removed takes one away, Cleared empties it. With
-    events off nothing is emitted and there is nothing to check.
+    events off nothing is emitted and there is nothing to check. With a bound on pending
+    events it holds all the same: a collapse replaces the pending events by a snapshot that
+    starts with Cleared, so the events already taken and the snapshot replay to the cache.
     """
     if not state.enable_events:
         return not state.events
@@ -79,6 +81,17 @@ def events_replay_to_cached_keys(state: PoolState) -> bool:
             replayed.clear()
     expected = Counter(external_hash(key) for key in state.key_of if key is not None)
     return +replayed == expected and all(n >= 0 for n in replayed.values())
+
+
+def pending_events_within_bound(state: PoolState) -> bool:
+    """With a bound on pending events, no more are pending than the bound or than twice a
+    snapshot of the cache, less one (a collapse happens at twice the snapshot): at most
+    max(bound, 2 x keyed blocks + 1). Without a bound, nothing to check."""
+    bound = state.max_pending_events
+    if bound is None:
+        return True
+    keyed = sum(1 for key in state.key_of if key is not None)
+    return len(state.events) - state.num_taken <= max(bound, 2 * keyed + 1)
 
 
 def allocated_blocks_are_fresh(state: PoolState, allocated: tuple[BlockId, ...]) -> bool:
@@ -98,6 +111,7 @@ ALL: tuple[Invariant, ...] = (
     no_empty_key_entries,
     keys_only_when_caching,
     events_replay_to_cached_keys,
+    pending_events_within_bound,
 )
 
 

@@ -13,6 +13,9 @@ import os
 import pickle
 import random
 import subprocess
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,9 @@ import msgspec
 import pytest
 from hypothesis import event, given, strategies as st
 
+from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.hashing import BlockHash, maybe_convert_block_hash
+from kvspec.impl.kv_cache_utils import KVCacheBlock
 from kvspec.impl.kv_events import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -32,6 +38,8 @@ from kvspec.impl.kv_events import (
     KVEventAggregator,
     KVEventBatch,
 )
+from kvspec.spec import pool as spec_pool, pool_invariants
+from kvspec.spec.pool import PoolState
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm-0.13.0" / "bin" / "python"
@@ -336,3 +344,197 @@ def test_common_events_are_those_every_worker_reported(num_workers: int,
     assert aggregator.get_common_events() == [e for e, c in counts.items() if c == num_workers]
     assert aggregator.get_all_events() == [e for e, c in counts.items() for _ in range(c)]
     event(f"common events: {len(aggregator.get_common_events())}")
+
+
+# --- bounded pending events (impl/block_pool.py, Bounded events; spec/pool.py _bound_events) ---
+
+
+@dataclass
+class _Request:
+    block_hashes: list[bytes]
+    all_token_ids: list[int]
+    lora_request: Any = None
+
+
+def _key(family: int, index: int) -> bytes:
+    return bytes([family, index]) * 16
+
+
+def _cache(pool: BlockPool, family: int, num_blocks: int, group: int = 0,
+           block_size: int = 2) -> list[KVCacheBlock]:
+    blocks = pool.get_new_blocks(num_blocks)
+    hashes = [_key(family, i) for i in range(num_blocks * block_size // pool.hash_block_size)]
+    pool.cache_full_blocks(_Request(hashes, list(range(num_blocks * block_size))), blocks, 0,
+                           num_blocks, block_size, group)
+    return blocks
+
+
+def _replay(events: list[KVCacheEvent]) -> Counter[Any]:
+    """What a consumer that applies Stored/Removed/Cleared in order ends with."""
+    keys: Counter[Any] = Counter()
+    for item in events:
+        if isinstance(item, BlockStored):
+            keys.update(item.block_hashes)
+        elif isinstance(item, BlockRemoved):
+            keys.subtract(item.block_hashes)
+        else:
+            keys.clear()
+    return +keys
+
+
+def _cached(pool: BlockPool) -> Counter[Any]:
+    return Counter(maybe_convert_block_hash(BlockHash(key[:-4]))
+                   for key, blocks in pool.cached_block_hash_to_block.items() for _ in blocks)
+
+
+def test_events_are_unbounded_by_default() -> None:
+    """Without the keyword the pool is vLLM's: every event waits for take_events."""
+    pool = BlockPool(8, True, 2, True)
+    assert pool.max_pending_kv_events is None
+    for family in range(20):
+        blocks = _cache(pool, family, 3)
+        pool.free_blocks(reversed(blocks))
+    kinds = Counter(type(item).__name__ for item in pool.kv_event_queue)
+    assert kinds["BlockStored"] == 20 and kinds["BlockRemoved"] > 20
+    assert "AllBlocksCleared" not in kinds and pool.num_kv_event_collapses == 0
+
+
+def test_a_collapse_is_a_snapshot_of_the_cache() -> None:
+    """AllBlocksCleared, then one BlockStored per cached block in block id order, with what
+    the pool keeps of it: the hash, its group's block size, no parent, tokens or LoRA."""
+    pool = BlockPool(8, True, 2, True, max_pending_kv_events=3)
+    queue = pool.kv_event_queue
+    [small] = _cache(pool, 1, 1, group=0, block_size=2)
+    [large] = _cache(pool, 2, 1, group=1, block_size=4)
+    for family in (3, 4):  # a block cached and evicted: two more events, no more cached
+        [churn] = _cache(pool, family, 1)
+        pool.evict_blocks([churn.block_id])
+        pool.free_blocks([churn])
+    # Four pending after the first churn: more than 3, but collapsing into a snapshot of 3
+    # would not halve them; six after the second: they collapse.
+    assert pool.num_kv_event_collapses == 1
+    assert queue == [
+        AllBlocksCleared(),
+        BlockStored([maybe_convert_block_hash(BlockHash(_key(1, 0)))], None, [], 2, None,
+                    MEDIUM_GPU),
+        BlockStored([maybe_convert_block_hash(BlockHash(_key(2, 0) + _key(2, 1)))], None, [], 4,
+                    None, MEDIUM_GPU),
+    ]
+    assert [small.block_id, large.block_id] == [1, 2]
+    assert pool.kv_event_queue is queue  # replaced in place: a caller may hold it
+    pool.free_blocks([small, large])
+    pool.evict_blocks([1, 2])  # five pending, nothing cached: the snapshot is one event
+    assert pool.num_kv_event_collapses == 2 and queue == [AllBlocksCleared()]
+
+
+ACTIONS = st.sampled_from(["admit"] * 3 + ["finish"] * 2 + ["evict"] * 3 + ["reset", "take"])
+
+
+@given(num_blocks=st.integers(2, 12), bound=st.integers(1, 8),
+       program=st.lists(st.tuples(ACTIONS, st.integers(0, 2**16)), min_size=10, max_size=80))
+def test_a_stalled_consumer_still_replays_to_the_cache(num_blocks: int, bound: int,
+                                                       program: list[tuple[str, int]]) -> None:
+    """Whenever it takes events, a consumer that replays them knows exactly the cached keys;
+    pending events never pass max(bound, 2 x cached blocks + 1); snapshots cost no more
+    events than the pool really emitted (the amortised bound)."""
+    pool = BlockPool(num_blocks, True, 2, True, max_pending_kv_events=bound)
+    unbounded = BlockPool(num_blocks, True, 2, True)
+    held: list[tuple[list[KVCacheBlock], list[KVCacheBlock]]] = []
+    taken: list[KVCacheEvent] = []
+    emitted = snapshot_events = 0
+    for action, seed in program:
+        before = len(pool.kv_event_queue)
+        collapses = pool.num_kv_event_collapses
+        if action == "admit" and pool.get_num_free_blocks():
+            size = 1 + seed % min(3, pool.get_num_free_blocks())
+            held.append((_cache(pool, seed % 4, size, seed % 2),
+                         _cache(unbounded, seed % 4, size, seed % 2)))
+        elif action == "finish" and held:
+            mine, theirs = held.pop(seed % len(held))
+            pool.free_blocks(reversed(mine))
+            unbounded.free_blocks(reversed(theirs))
+        elif action == "evict":
+            pool.evict_blocks({seed % num_blocks})
+            unbounded.evict_blocks({seed % num_blocks})
+        elif action == "reset":
+            assert pool.reset_prefix_cache() == unbounded.reset_prefix_cache()
+        elif action == "take":
+            taken += pool.take_events()
+            assert _replay(taken) == _cached(pool)
+        if pool.num_kv_event_collapses > collapses:
+            snapshot_events += len(pool.kv_event_queue)
+        emitted = len(unbounded.kv_event_queue)
+        assert len(pool.kv_event_queue) <= max(bound, 2 * len(pool._key_of) + 1)
+        assert before >= 0
+    assert _replay(taken + pool.kv_event_queue) == _cached(pool) == _cached(unbounded)
+    assert snapshot_events <= emitted
+    event(f"collapses: {min(pool.num_kv_event_collapses, 3)}")
+
+
+def test_the_spec_with_a_bound_keeps_every_invariant() -> None:
+    """spec/pool.py with a bound, every program of a small alphabet from fresh 2- and 3-block
+    pools to depth 6: every invariant, events_replay_to_cached_keys and
+    pending_events_within_bound included, holds in every state reached (collapses do)."""
+    alphabet: list[Callable[[PoolState], PoolState]] = [
+        lambda s: spec_pool.get_new_blocks(s, 1)[0],
+        lambda s: spec_pool.free_blocks(s, [1]),
+        lambda s: spec_pool.free_blocks(s, [2]),
+        lambda s: spec_pool.cache_full_blocks(s, [1], [b"k0"], 0, 1, 0, (0, 0), 2),
+        lambda s: spec_pool.cache_full_blocks(s, [2], [b"k1"], 0, 1, 1, (1, 1), 4),
+        lambda s: spec_pool.evict_blocks(s, [1, 2]),
+        lambda s: spec_pool.reset_prefix_cache(s)[0],
+        lambda s: spec_pool.take_events(s)[0],
+    ]
+    collapsed = 0
+    for num_blocks, bound in ((3, 1), (3, 2), (4, 1), (4, 3)):
+        frontier = {spec_pool.new_pool(num_blocks, True, True, max_pending_events=bound)}
+        seen = set(frontier)
+        for _ in range(6):
+            reached = set()
+            for state in frontier:
+                for step in alphabet:
+                    try:
+                        after = step(state)
+                    except spec_pool.PoolError:
+                        continue
+                    assert not pool_invariants.violated(after), (
+                        pool_invariants.violated(after), after)
+                    reached.add(after)
+            frontier = reached - seen
+            seen |= frontier
+        collapsed += sum(1 for state in seen if state.num_collapses)
+    assert collapsed > 100
+
+
+def test_the_manager_passes_the_bound_to_its_pool() -> None:
+    """KVCacheManager(max_pending_kv_events=N): a scheduler whose event consumer stalls keeps
+    at most a snapshot's worth of events, and what it finally takes replays to the cache."""
+    from kvspec.impl.hashing import get_request_block_hasher, sha256
+    from kvspec.impl.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+    )
+    from kvspec.impl.kv_cache_manager import KVCacheManager
+    from kvspec.impl.request import Request
+
+    spec = FullAttentionSpec(4, 1, 8, "float16")
+    config = KVCacheConfig(16, [KVCacheTensor(16 * spec.page_size_bytes, ["l0"])],
+                           [KVCacheGroupSpec(["l0"], spec)])
+    with pytest.raises(ValueError, match=r"max_pending_kv_events.*-1"):
+        KVCacheManager(config, 64, 4, enable_kv_cache_events=True, max_pending_kv_events=-1)
+    manager = KVCacheManager(config, 64, 4, enable_kv_cache_events=True,
+                             max_pending_kv_events=8)
+    assert manager.block_pool.max_pending_kv_events == 8
+    hasher = get_request_block_hasher(4, sha256)
+    for index in range(200):  # nobody takes the events
+        request = Request(str(index), [index % 7] * 4 + list(range(index, index + 8)),
+                          block_hasher=hasher)
+        hits, num_hits = manager.get_computed_blocks(request)
+        assert manager.allocate_slots(request, request.num_tokens - num_hits, num_hits,
+                                      hits) is not None
+        manager.free(request)
+        assert len(manager.block_pool.kv_event_queue) <= max(8, 2 * 15 + 1)
+    assert manager.block_pool.num_kv_event_collapses > 0
+    assert _replay(manager.take_events()) == _cached(manager.block_pool)

@@ -38,7 +38,10 @@ class PoolTarget(Protocol):
 
     name: str
 
-    def build(self, num_blocks: int, enable_caching: bool, enable_events: bool) -> None: ...
+    def build(self, num_blocks: int, enable_caching: bool, enable_events: bool,
+              max_pending_events: int | None = None) -> None: ...
+    def supports_event_bound(self) -> bool: ...
+    def event_collapses(self) -> int | None: ...
     def get_new_blocks(self, n: int) -> list[int]: ...
     def free_blocks(self, block_ids: Sequence[int]) -> None: ...
     def touch(self, block_ids: Sequence[int]) -> None: ...
@@ -121,11 +124,33 @@ class VllmApiPool:
         self.hash_block_size = hash_block_size
         self.pool: Any = None
         self.num_blocks = 0
+        self._event_bound: bool | None = None  # supports_event_bound(), once known
 
-    def build(self, num_blocks: int, enable_caching: bool, enable_events: bool) -> None:
+    def build(self, num_blocks: int, enable_caching: bool, enable_events: bool,
+              max_pending_events: int | None = None) -> None:
         self.num_blocks = num_blocks
+        bound = {} if max_pending_events is None else {
+            "max_pending_kv_events": max_pending_events}
         self.pool = self.pool_class(num_blocks, enable_caching, self.hash_block_size,
-                                    enable_kv_cache_events=enable_events)
+                                    enable_kv_cache_events=enable_events, **bound)
+
+    def supports_event_bound(self) -> bool:
+        """Whether the pool class takes kvspec's bound on pending events (vLLM's does not):
+        tried once on a tiny pool, which works for compiled classes too."""
+        if self._event_bound is None:
+            try:
+                self.pool_class(2, True, self.hash_block_size, enable_kv_cache_events=True,
+                                max_pending_kv_events=1)
+            except TypeError:
+                self._event_bound = False
+            else:
+                self._event_bound = True
+        return self._event_bound
+
+    def event_collapses(self) -> int | None:
+        """How often the pool collapsed its pending events (None: it keeps no count)."""
+        count = getattr(self.pool, "num_kv_event_collapses", None)
+        return None if count is None else int(count)
 
     def _block(self, block_id: int) -> Any:
         if 0 <= block_id < self.num_blocks:

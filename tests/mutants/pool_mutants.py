@@ -128,6 +128,7 @@ def reset_succeeds_with_blocks_in_use() -> None:
         self._key_of.clear()
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
+            self._bound_kv_events()
         return True
     replace(BlockPool, "reset_prefix_cache", reset_prefix_cache)
 
@@ -382,5 +383,5 @@ MUTANTS = [
     Mutant("stale_entry_handed_out", "a hit block's stale queue entry is allocated again",
            stale_entry_handed_out, MACHINE, "free_iff_unreferenced"),
     Mutant("shared_touch_counts_once", "a hit on a block in use adds no reference",
-           shared_touch_counts_once, MACHINE, "get_num_free_blocks: target"),
+           shared_touch_counts_once, MACHINE, "ref counts: target"),
 ]
