@@ -108,12 +108,19 @@ class PrefixCachingNotSupported(KVCacheManagerError, ValueError):
     """Prefix caching was asked of an attention type that never caches (cross-attention)."""
 
 
+class InvalidManagerArgument(KVCacheManagerError, ValueError):
+    """A manager-stack call given an argument it cannot take: a request that is not one (an id
+    that is not a str, counts that are not ints, block hashes that are not a list of bytes),
+    a count out of range, blocks that are not this pool's or not in the state the call needs,
+    ``KVCacheBlocks`` of another shape."""
+
+
 # ---------------------------------------- KVCacheManager
 
 
-class InvalidAllocationError(KVCacheManagerError, ValueError):
+class InvalidAllocationError(InvalidManagerArgument):
     """``allocate_slots`` arguments no allocation can have (zero new tokens, hits for a
-    request that already holds blocks, ...)."""
+    request that already holds blocks, hits that are not the request's, ...)."""
 
 
 class UnknownRequestError(KVCacheManagerError, LookupError):

@@ -9,13 +9,22 @@ types this is exactly 0.13's two-step lookup.
 Refused configs raise ``InvalidKVCacheConfig`` (a ``ValueError``) when the coordinator is built:
 a group whose block size is not a multiple of ``hash_block_size``; prefix caching with a
 cross-attention group (encoder-decoder models run without prefix caching); EAGLE with more
-than one attention type; context parallelism with more than one attention type.
+than one attention type; context parallelism with more than one attention type; sizes and
+flags of the wrong type or out of range.
+
+Every public method checks its arguments for all groups before any group changes, and raises
+``InvalidManagerArgument`` naming the bad value; ``KVCacheManager`` checks once per call and
+then runs the unchecked twins (``_allocate_new_blocks``, ...), as the coordinators run the
+managers' twins. The checks a whole request needs live here: ``_check_computed_tokens`` (no
+token counted as computed without a slot in every group), ``_check_keys`` (the hashes, token
+ids and LoRA that keying a request's blocks reads) and ``_check_hits`` (cache hits that are
+this request's: each real block the one cached under the request's hash at its position).
 """
 
 from __future__ import annotations
 
 import math
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 
 from kvspec.impl.block_pool import BlockPool
@@ -32,11 +41,22 @@ from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
 from kvspec.impl.kv_cache_utils import KVCacheBlock
 from kvspec.impl.request import RequestLike
 from kvspec.impl.single_type_kv_cache_manager import (
+    MAX_NUM_TOKENS,
     CrossAttentionManager,
     FullAttentionManager,
     InvalidKVCacheConfig,
+    InvalidManagerArgument,
+    PrefixCachingNotSupported,
     SingleTypeKVCacheManager,
+    block_hashes_of,
+    check_block_hashes,
+    check_block_list,
+    check_count,
+    check_flag,
+    check_request_id,
+    check_world_sizes,
     get_manager_for_kv_cache_spec,
+    request_id_of,
     spec_manager_map,
 )
 
@@ -51,152 +71,393 @@ __all__ = [
 ]
 
 
-def _require_positive_int(name: str, value: object) -> None:
-    if type(value) is not int or value < 1:
-        raise InvalidKVCacheConfig(f"{name} must be a positive int, got {value!r}")
+Groups = tuple[Sequence[KVCacheBlock], ...]
 
 
-class KVCacheCoordinator(ABC):
-    """Drives one single-type manager per KV-cache group over one shared BlockPool."""
+def check_coordinator_arguments(
+    max_model_len: object, use_eagle: object, enable_caching: object,
+    enable_kv_cache_events: object, dcp_world_size: object, pcp_world_size: object,
+    hash_block_size: object,
+) -> tuple[int, bool, bool, bool, int, int, int]:
+    """The sizes and flags every coordinator is built with, checked (``InvalidKVCacheConfig``
+    naming the value), in the order given."""
+    dcp, pcp = check_world_sizes(dcp_world_size, pcp_world_size)
+    return (
+        check_count("max_model_len", max_model_len, low=1, error=InvalidKVCacheConfig),
+        check_flag("use_eagle", use_eagle, InvalidKVCacheConfig),
+        check_flag("enable_caching", enable_caching, InvalidKVCacheConfig),
+        check_flag("enable_kv_cache_events", enable_kv_cache_events, InvalidKVCacheConfig),
+        dcp,
+        pcp,
+        check_count("hash_block_size", hash_block_size, low=1, error=InvalidKVCacheConfig),
+    )
+
+
+class KVCacheCoordinator:
+    """Drives one single-type manager per KV-cache group over one shared BlockPool. (Not an
+    ``abc.ABC``, for the reason ``SingleTypeKVCacheManager`` gives.)"""
 
     def __init__(
         self,
         kv_cache_config: KVCacheConfigLike,
-        max_model_len: int,
-        use_eagle: bool,
-        enable_caching: bool,
-        enable_kv_cache_events: bool,
-        dcp_world_size: int,
-        pcp_world_size: int,
-        hash_block_size: int,
-        metrics_collector: KVCacheMetricsCollector | None = None,
+        max_model_len: int | object,
+        use_eagle: bool | object,
+        enable_caching: bool | object,
+        enable_kv_cache_events: bool | object,
+        dcp_world_size: int | object,
+        pcp_world_size: int | object,
+        hash_block_size: int | object,
+        metrics_collector: KVCacheMetricsCollector | object | None = None,
+        *,
+        max_pending_kv_events: int | object | None = None,
     ) -> None:
-        _require_positive_int("max_model_len", max_model_len)
-        _require_positive_int("hash_block_size", hash_block_size)
-        _require_positive_int("dcp_world_size", dcp_world_size)
-        _require_positive_int("pcp_world_size", pcp_world_size)
+        max_len, eagle, caching, events, dcp, pcp, hash_size = check_coordinator_arguments(
+            max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
+            pcp_world_size, hash_block_size)
         # The caller's config (vLLM's own, in vLLM) is kept as given; impl computes with its
         # own equal config.
         self.kv_cache_config = kv_cache_config
         config = as_kv_cache_config(kv_cache_config)
-        self.max_model_len = max_model_len
-        self.use_eagle = use_eagle
-        self.enable_caching = enable_caching
-        self.dcp_world_size = dcp_world_size
-        self.pcp_world_size = pcp_world_size
-        self.hash_block_size = hash_block_size
-        self.block_pool = BlockPool(
-            config.num_blocks, enable_caching, hash_block_size,
-            enable_kv_cache_events, metrics_collector,
-        )
+        self.max_model_len: int = max_len
+        self.use_eagle: bool = eagle
+        self.enable_caching: bool = caching
+        self.dcp_world_size: int = dcp
+        self.pcp_world_size: int = pcp
+        self.hash_block_size: int = hash_size
+        self.block_pool = BlockPool(config.num_blocks, caching, hash_size, events,
+                                    metrics_collector,
+                                    max_pending_kv_events=max_pending_kv_events)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
                 group.kv_cache_spec,
                 block_pool=self.block_pool,
                 kv_cache_group_id=group_id,
-                dcp_world_size=dcp_world_size,
-                pcp_world_size=pcp_world_size,
+                dcp_world_size=dcp,
+                pcp_world_size=pcp,
             )
             for group_id, group in enumerate(kv_cache_config.kv_cache_groups)
         )
+        # The groups that hold the decoder's tokens (cross-attention holds the encoder's).
+        self._decoder_managers = tuple(
+            m for m in self.single_type_managers if type(m) is not CrossAttentionManager)
+        self.has_cross_attention = len(self._decoder_managers) < len(self.single_type_managers)
+
+    # -- checks --------------------------------------------------------------------------
+
+    def _check_groups(self, groups: object, what: str) -> Groups:
+        """One list (or tuple) of blocks per KV-cache group."""
+        if type(groups) is not tuple and type(groups) is not list:
+            raise InvalidManagerArgument(
+                f"{what} must be a tuple of one block list per KV-cache group, got {groups!r}")
+        if len(groups) != len(self.single_type_managers):
+            raise InvalidManagerArgument(
+                f"{what} has {len(groups)} groups, the coordinator "
+                f"{len(self.single_type_managers)}")
+        return tuple(check_block_list(blocks, what) for blocks in groups)
+
+    def _check_computed_tokens(
+        self, request_id: str, name: str, num_tokens: int,
+        error: type[InvalidManagerArgument] = InvalidManagerArgument,
+    ) -> None:
+        """Refuse ``num_tokens`` computed tokens when a decoder group's blocks do not hold
+        them: vLLM's callers give every token a slot before they count it as computed
+        (async scheduling's placeholder tokens included)."""
+        for manager in self._decoder_managers:
+            held = manager._slots_held(request_id)
+            if num_tokens > held:
+                raise error(
+                    f"{name}={num_tokens} is more than the {held} tokens the blocks of "
+                    f"request {request_id!r} hold in KV-cache group {manager.kv_cache_group_id}")
+
+    def _check_keys(
+        self, request: object, request_id: str, num_tokens: int, num_hit_tokens: int,
+        error: type[InvalidManagerArgument] = InvalidManagerArgument,
+    ) -> None:
+        """Refuse a request whose blocks filled by ``num_tokens`` tokens cannot be keyed: too
+        few block hashes, a hash that is not bytes, and, with KV events on, token ids or a
+        LoRA no ``BlockStored`` event can carry. Reads only what keying reads: the hashes
+        (and tokens) from the first block not keyed yet (``num_hit_tokens``: cache hits about
+        to be attached, which are keyed already)."""
+        hashes = block_hashes_of(request, error)
+        hash_block_size = self.hash_block_size
+        end = num_tokens // hash_block_size
+        if len(hashes) < end:
+            raise error(
+                f"request {request_id!r} has {len(hashes)} block hashes, too few to cache "
+                f"{num_tokens} tokens (was it built with a block_hasher?)")
+        first = self._first_unkeyed_token(request_id, num_hit_tokens) // hash_block_size
+        if first >= end:
+            return
+        new: list[object] = hashes[first:end]  # untyped: any element may be a stranger
+        if list(map(type, new)).count(bytes) != len(new):
+            bad = next(h for h in new if type(h) is not bytes)
+            raise error(
+                f"request {request_id!r} has a block hash that is not bytes: {bad!r}")
+        if self.block_pool.enable_kv_cache_events:
+            _check_event_fields(request, request_id, first * hash_block_size,
+                                end * hash_block_size, error)
+
+    def _first_unkeyed_token(self, request_id: str, num_hit_tokens: int) -> int:
+        """The first token of the first block not keyed yet in some group (cache hits about
+        to be attached count as keyed)."""
+        first = min((manager.num_cached_block.get(request_id, 0) * manager.block_size
+                     for manager in self._decoder_managers), default=0)
+        return first if first > num_hit_tokens else num_hit_tokens
+
+    def _check_hits(
+        self, block_hashes: list[BlockHash], hits: Groups, num_hit_tokens: int,
+        error: type[InvalidManagerArgument] = InvalidManagerArgument,
+    ) -> None:
+        """Refuse cache hits that are not this request's: per group, ``num_hit_tokens``
+        tokens of blocks, null blocks only before the real ones and only where blocks slide
+        out of the window, and each real block the one the pool has cached under the
+        request's hash at its position (what ``find_longest_cache_hit`` gives)."""
+        pool = self.block_pool
+        null = pool.null_block
+        hash_block_size = self.hash_block_size
+        for group_id, (manager, blocks) in enumerate(
+                zip(self.single_type_managers, hits, strict=True)):
+            block_size = manager.block_size
+            if len(blocks) * block_size != num_hit_tokens:
+                raise error(
+                    f"{len(blocks)} hit blocks of {block_size} tokens in KV-cache group "
+                    f"{group_id} do not make num_new_computed_tokens={num_hit_tokens}")
+            num_null = blocks.count(null) if manager.skips_blocks else 0
+            if num_null and null in blocks[num_null:]:
+                raise error(
+                    f"null blocks after a real hit block in KV-cache group {group_id}: "
+                    f"{list(blocks)!r}")
+            if num_null == len(blocks):
+                continue
+            hashes: BlockHashList = block_hashes
+            if block_size != hash_block_size:
+                hashes = BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)
+            if len(hashes) < len(blocks):
+                raise error(
+                    f"{len(blocks)} hit blocks in KV-cache group {group_id}, but the request "
+                    f"has hashes for {len(hashes)} blocks of {block_size} tokens")
+            # Read untyped: an element may be anything (the compiled build would check it).
+            real: list[object] = list(blocks[num_null:])
+            found = pool.get_cached_prefix(hashes[num_null:len(blocks)], group_id, len(real))
+            if found != real:
+                index = next(i for i, b in enumerate(real) if i >= len(found) or b is not found[i])
+                raise error(
+                    f"{real[index]!r} is not the block cached for the request's hash at "
+                    f"position {num_null + index} of KV-cache group {group_id}")
+
+    def _check_cacheable(self, request: object, num_tokens: int | object,
+                         high: int = MAX_NUM_TOKENS) -> int:
+        """``num_tokens`` if ``cache_blocks(request, num_tokens)`` can key every group's
+        blocks: a request holding that many tokens' slots, whose hashes (and, with events on,
+        token ids and LoRA) keying reads are sound. Also checked with prefix caching off,
+        where nothing is keyed."""
+        request_id = request_id_of(request)
+        block_hashes_of(request)
+        count = check_count("num_computed_tokens", num_tokens, high)
+        self._check_computed_tokens(request_id, "num_computed_tokens", count)
+        if self.enable_caching:
+            self._check_keys(request, request_id, count, 0)
+        return count
 
     # -- allocation ----------------------------------------------------------------------
 
     def get_num_blocks_to_allocate(
+        self,
+        request_id: str | object,
+        num_tokens: int | object,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...] | object,
+        num_encoder_tokens: int | object,
+    ) -> int:
+        """New blocks all groups need together. A group that needs none (its count is 0 or
+        negative, e.g. cross-attention after its encoder blocks) adds 0: its surplus is not
+        free for the other groups (vLLM 0.13 sums the raw counts)."""
+        return self._num_blocks_to_allocate(
+            check_request_id(request_id), check_count("num_tokens", num_tokens),
+            self._check_groups(new_computed_blocks, "new_computed_blocks"),
+            check_count("num_encoder_tokens", num_encoder_tokens))
+
+    def _num_blocks_to_allocate(
         self,
         request_id: str,
         num_tokens: int,
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_encoder_tokens: int,
     ) -> int:
-        """New blocks all groups need together. A group that needs none (its count is 0 or
-        negative, e.g. cross-attention after its encoder blocks) adds 0: its surplus is not
-        free for the other groups (vLLM 0.13 sums the raw counts)."""
         total = 0
         for manager, computed in zip(self.single_type_managers, new_computed_blocks, strict=True):
             if type(manager) is CrossAttentionManager:
-                wanted = manager.get_num_blocks_to_allocate(request_id, num_encoder_tokens, [])
+                wanted = manager._num_blocks_to_allocate(request_id, num_encoder_tokens, [])
             else:
-                wanted = manager.get_num_blocks_to_allocate(request_id, num_tokens, computed)
+                wanted = manager._num_blocks_to_allocate(request_id, num_tokens, computed)
             if wanted > 0:
                 total += wanted
         return total
 
     def get_max_num_blocks_to_allocate(
         self,
+        request_id: str | object,
+        num_tokens: int | object,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...] | object,
+        num_encoder_tokens: int | object,
+    ) -> int:
+        """An upper bound of ``get_num_blocks_to_allocate`` that counts every cache hit as
+        evictable, so it never reads a ref count: when it fits, the exact count fits too."""
+        return self._max_num_blocks_to_allocate(
+            check_request_id(request_id), check_count("num_tokens", num_tokens),
+            self._check_groups(new_computed_blocks, "new_computed_blocks"),
+            check_count("num_encoder_tokens", num_encoder_tokens))
+
+    def _max_num_blocks_to_allocate(
+        self,
         request_id: str,
         num_tokens: int,
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_encoder_tokens: int,
     ) -> int:
-        """An upper bound of ``get_num_blocks_to_allocate`` that counts every cache hit as
-        evictable, so it never reads a ref count: when it fits, the exact count fits too."""
         total = 0
-        for manager, _computed in zip(self.single_type_managers, new_computed_blocks, strict=True):
+        for manager in self.single_type_managers:
             if type(manager) is CrossAttentionManager:
-                wanted = manager.get_num_blocks_to_allocate(request_id, num_encoder_tokens, [])
+                wanted = manager._num_blocks_to_allocate(request_id, num_encoder_tokens, [])
             else:
-                wanted = manager.get_num_blocks_to_allocate(request_id, num_tokens, ())
+                wanted = manager._num_blocks_to_allocate(request_id, num_tokens, ())
             if wanted > 0:
                 total += wanted
         return total
 
-    def num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
+    def num_blocks_freed_by_skip(
+        self, request_id: str | object, num_computed_tokens: int | object
+    ) -> int:
         """Blocks ``remove_skipped_blocks`` would return to the free queue."""
+        checked_id = check_request_id(request_id)
+        count = check_count("num_computed_tokens", num_computed_tokens)
+        self._check_computed_tokens(checked_id, "num_computed_tokens", count)
+        return self._num_blocks_freed_by_skip(checked_id, count)
+
+    def _num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
         return sum(
-            manager.num_blocks_freed_by_skip(request_id, num_computed_tokens)
+            manager._num_blocks_freed_by_skip(request_id, num_computed_tokens)
             for manager in self.single_type_managers
         )
 
     def save_new_computed_blocks(
+        self, request_id: str | object,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...] | object,
+    ) -> None:
+        """Attach a new request's cache hits (already touched), every group checked first."""
+        checked_id = check_request_id(request_id)
+        groups = self._check_groups(new_computed_blocks, "new_computed_blocks")
+        if any(groups) and self._has_blocks(checked_id):
+            raise InvalidManagerArgument(
+                f"request {checked_id!r} already holds blocks and cannot take cache hits")
+        for manager, blocks in zip(self.single_type_managers, groups, strict=True):
+            if blocks and type(manager) is CrossAttentionManager:
+                raise PrefixCachingNotSupported(
+                    f"cross-attention never has cache hits, got {len(blocks)} for request "
+                    f"{checked_id!r}")
+            manager._check_hits(checked_id, blocks)
+        self._save_new_computed_blocks(checked_id, groups)
+
+    def _save_new_computed_blocks(
         self, request_id: str, new_computed_blocks: tuple[Sequence[KVCacheBlock], ...]
     ) -> None:
         for manager, computed in zip(self.single_type_managers, new_computed_blocks, strict=True):
-            manager.save_new_computed_blocks(request_id, computed)
+            manager._save_new_computed_blocks(request_id, computed)
 
     def allocate_new_blocks(
+        self, request_id: str | object, num_tokens: int | object,
+        num_encoder_tokens: int | object = 0,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """Blocks for ``num_tokens`` tokens in every group (``num_encoder_tokens`` in
+        cross-attention groups); more than the pool has free is refused before any group
+        takes one."""
+        checked_id = check_request_id(request_id)
+        count = check_count("num_tokens", num_tokens)
+        encoder = check_count("num_encoder_tokens", num_encoder_tokens)
+        empty = tuple(() for _ in self.single_type_managers)
+        wanted = self._num_blocks_to_allocate(checked_id, count, empty, encoder)
+        if wanted > self.block_pool.get_num_free_blocks():
+            raise InvalidManagerArgument(
+                f"num_tokens={count} (num_encoder_tokens={encoder}) needs {wanted} new "
+                f"blocks, the pool has {self.block_pool.get_num_free_blocks()} free")
+        return self._allocate_new_blocks(checked_id, count, encoder)
+
+    def _allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
     ) -> tuple[list[KVCacheBlock], ...]:
         return tuple(
-            manager.allocate_new_blocks(
+            manager._allocate_new_blocks(
                 request_id,
                 num_encoder_tokens if type(manager) is CrossAttentionManager else num_tokens,
             )
             for manager in self.single_type_managers
         )
 
-    def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
-        for manager in self.single_type_managers:
-            manager.cache_blocks(request, num_computed_tokens)
+    def cache_blocks(self, request: RequestLike, num_computed_tokens: int | object) -> None:
+        """Key every group's blocks that ``num_computed_tokens`` tokens fill; everything
+        keying reads is checked, for all groups, before the first is keyed."""
+        self._cache_blocks(request, self._check_cacheable(request, num_computed_tokens))
 
-    def free(self, request_id: str) -> None:
+    def _cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
         for manager in self.single_type_managers:
-            manager.free(request_id)
+            manager._cache_blocks(request, num_computed_tokens)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+    def free(self, request_id: str | object) -> None:
+        self._free(check_request_id(request_id))
+
+    def _free(self, request_id: str) -> None:
+        for manager in self.single_type_managers:
+            manager._free(request_id)
+
+    def get_num_common_prefix_blocks(self, running_request_id: str | object) -> list[int]:
+        return self._num_common_prefix_blocks(check_request_id(running_request_id))
+
+    def _num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         return [
-            manager.get_num_common_prefix_blocks(running_request_id)
+            manager._num_common_prefix_blocks(running_request_id)
             for manager in self.single_type_managers
         ]
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        for manager in self.single_type_managers:
-            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+    def remove_skipped_blocks(
+        self, request_id: str | object, num_computed_tokens: int | object
+    ) -> None:
+        checked_id = check_request_id(request_id)
+        count = check_count("num_computed_tokens", num_computed_tokens)
+        self._check_computed_tokens(checked_id, "num_computed_tokens", count)
+        self._remove_skipped_blocks(checked_id, count)
 
-    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+    def _remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        for manager in self.single_type_managers:
+            manager._remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def get_blocks(self, request_id: str | object) -> tuple[list[KVCacheBlock], ...]:
+        return self._get_blocks(check_request_id(request_id))
+
+    def _get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return tuple(
             manager.req_to_blocks.get(request_id) or [] for manager in self.single_type_managers
         )
 
-    def has_blocks(self, request_id: str) -> bool:
+    def has_blocks(self, request_id: str | object) -> bool:
         """Whether any group holds a block list for the request."""
+        return self._has_blocks(check_request_id(request_id))
+
+    def _has_blocks(self, request_id: str) -> bool:
         return any(request_id in m.req_to_blocks for m in self.single_type_managers)
 
-    @abstractmethod
     def find_longest_cache_hit(
-        self, block_hashes: BlockHashList, max_cache_hit_length: int
+        self, block_hashes: BlockHashList | object, max_cache_hit_length: int | object
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """Per group, the blocks of the longest prefix-cache hit, and its length in tokens."""
+        return self._find_longest_cache_hit(
+            check_block_hashes(block_hashes),
+            check_count("max_cache_hit_length", max_cache_hit_length))
+
+    @abstractmethod
+    def _find_longest_cache_hit(
+        self, block_hashes: BlockHashList, max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """``find_longest_cache_hit`` for checked arguments."""
+        raise NotImplementedError(f"{type(self).__name__} has no prefix-cache lookup")
 
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
@@ -205,24 +466,30 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     def __init__(
         self,
         kv_cache_config: KVCacheConfigLike,
-        max_model_len: int,
-        use_eagle: bool,
-        enable_kv_cache_events: bool,
-        dcp_world_size: int,
-        pcp_world_size: int,
-        hash_block_size: int,
-        metrics_collector: KVCacheMetricsCollector | None = None,
+        max_model_len: int | object,
+        use_eagle: bool | object,
+        enable_kv_cache_events: bool | object,
+        dcp_world_size: int | object,
+        pcp_world_size: int | object,
+        hash_block_size: int | object,
+        metrics_collector: KVCacheMetricsCollector | object | None = None,
+        *,
+        max_pending_kv_events: int | object | None = None,
     ) -> None:
         super().__init__(
             kv_cache_config, max_model_len, use_eagle, False, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
+            max_pending_kv_events=max_pending_kv_events,
         )
         self.num_single_type_manager = len(self.single_type_managers)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+    def _num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         return [0] * self.num_single_type_manager
 
-    def find_longest_cache_hit(
+    def _cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
+        """Nothing is keyed without prefix caching."""
+
+    def _find_longest_cache_hit(
         self, block_hashes: BlockHashList, max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         return tuple([] for _ in range(self.num_single_type_manager)), 0
@@ -234,15 +501,20 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def __init__(
         self,
         kv_cache_config: KVCacheConfigLike,
-        max_model_len: int,
-        use_eagle: bool,
-        enable_caching: bool,
-        enable_kv_cache_events: bool,
-        dcp_world_size: int,
-        pcp_world_size: int,
-        hash_block_size: int,
-        metrics_collector: KVCacheMetricsCollector | None = None,
+        max_model_len: int | object,
+        use_eagle: bool | object,
+        enable_caching: bool | object,
+        enable_kv_cache_events: bool | object,
+        dcp_world_size: int | object,
+        pcp_world_size: int | object,
+        hash_block_size: int | object,
+        metrics_collector: KVCacheMetricsCollector | object | None = None,
+        *,
+        max_pending_kv_events: int | object | None = None,
     ) -> None:
+        _, eagle, caching, _, dcp, pcp, hash_size = check_coordinator_arguments(
+            max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
+            pcp_world_size, hash_block_size)
         config = as_kv_cache_config(kv_cache_config)
         groups = config.kv_cache_groups
         if len(groups) != 1:
@@ -250,18 +522,19 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                 f"UnitaryKVCacheCoordinator needs exactly 1 KV-cache group, got {len(groups)}"
             )
         spec = groups[0].kv_cache_spec
-        block_size = spec.block_size * dcp_world_size * pcp_world_size
-        if enable_caching and block_size != hash_block_size:
+        block_size = spec.block_size * dcp * pcp
+        if caching and block_size != hash_size:
             raise InvalidKVCacheConfig(
                 f"with one KV-cache group the block size {block_size} must equal "
-                f"hash_block_size {hash_block_size}"
+                f"hash_block_size {hash_size}"
             )
-        _check_caching_supported(config, enable_caching)
-        if use_eagle and isinstance(spec, ChunkedLocalAttentionSpec):
+        _check_caching_supported(config, caching)
+        if eagle and isinstance(spec, ChunkedLocalAttentionSpec):
             raise InvalidKVCacheConfig("chunked local attention does not support EAGLE")
         super().__init__(
             kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
+            max_pending_kv_events=max_pending_kv_events,
         )
         self.kv_cache_spec: KVCacheSpec = spec
         self.block_size = block_size
@@ -271,57 +544,68 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     # One group: the per-group loops of the base class, without the loop.
 
-    def get_num_blocks_to_allocate(
+    def _check_computed_tokens(
+        self, request_id: str, name: str, num_tokens: int,
+        error: type[InvalidManagerArgument] = InvalidManagerArgument,
+    ) -> None:
+        if num_tokens and self._manager._slots_held(request_id) < num_tokens:
+            super()._check_computed_tokens(request_id, name, num_tokens, error)
+
+    def _first_unkeyed_token(self, request_id: str, num_hit_tokens: int) -> int:
+        first = self._manager.num_cached_block.get(request_id, 0) * self.block_size
+        return first if first > num_hit_tokens else num_hit_tokens
+
+    def _num_blocks_to_allocate(
         self,
         request_id: str,
         num_tokens: int,
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_encoder_tokens: int,
     ) -> int:
-        wanted = self._manager.get_num_blocks_to_allocate(
+        wanted = self._manager._num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks[0])
         return wanted if wanted > 0 else 0
 
-    def get_max_num_blocks_to_allocate(
+    def _max_num_blocks_to_allocate(
         self,
         request_id: str,
         num_tokens: int,
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_encoder_tokens: int,
     ) -> int:
-        wanted = self._manager.get_num_blocks_to_allocate(request_id, num_tokens, ())
+        wanted = self._manager._num_blocks_to_allocate(request_id, num_tokens, ())
         return wanted if wanted > 0 else 0
 
-    def num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
-        return self._manager.num_blocks_freed_by_skip(request_id, num_computed_tokens)
+    def _num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
+        return self._manager._num_blocks_freed_by_skip(request_id, num_computed_tokens)
 
-    def save_new_computed_blocks(
+    def _save_new_computed_blocks(
         self, request_id: str, new_computed_blocks: tuple[Sequence[KVCacheBlock], ...]
     ) -> None:
-        self._manager.save_new_computed_blocks(request_id, new_computed_blocks[0])
+        self._manager._save_new_computed_blocks(request_id, new_computed_blocks[0])
 
-    def allocate_new_blocks(
+    def _allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
     ) -> tuple[list[KVCacheBlock], ...]:
-        return (self._manager.allocate_new_blocks(request_id, num_tokens),)
+        return (self._manager._allocate_new_blocks(request_id, num_tokens),)
 
-    def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
-        self._manager.cache_blocks(request, num_computed_tokens)
+    def _cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
+        self._manager._cache_blocks(request, num_computed_tokens)
 
-    def free(self, request_id: str) -> None:
-        self._manager.free(request_id)
+    def _free(self, request_id: str) -> None:
+        self._manager._free(request_id)
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def _remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         if self._manager.skips_blocks:
-            self._manager.remove_skipped_blocks(request_id, num_computed_tokens)
+            self._manager._remove_skipped_blocks(request_id, num_computed_tokens)
 
-    def has_blocks(self, request_id: str) -> bool:
+    def _has_blocks(self, request_id: str) -> bool:
         return request_id in self._manager.req_to_blocks
 
-    def find_longest_cache_hit(
+    def _find_longest_cache_hit(
         self, block_hashes: BlockHashList, max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        hit = self._manager_class.find_longest_cache_hit(
+        hit = self._manager_class._find_longest_cache_hit(
             block_hashes, max_cache_hit_length, self._group_ids, self.block_pool,
             self.kv_cache_spec, self.use_eagle, self.block_size, self.dcp_world_size,
             self.pcp_world_size,
@@ -336,37 +620,43 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     def __init__(
         self,
         kv_cache_config: KVCacheConfigLike,
-        max_model_len: int,
-        use_eagle: bool,
-        enable_caching: bool,
-        enable_kv_cache_events: bool,
-        dcp_world_size: int,
-        pcp_world_size: int,
-        hash_block_size: int,
-        metrics_collector: KVCacheMetricsCollector | None = None,
+        max_model_len: int | object,
+        use_eagle: bool | object,
+        enable_caching: bool | object,
+        enable_kv_cache_events: bool | object,
+        dcp_world_size: int | object,
+        pcp_world_size: int | object,
+        hash_block_size: int | object,
+        metrics_collector: KVCacheMetricsCollector | object | None = None,
+        *,
+        max_pending_kv_events: int | object | None = None,
     ) -> None:
+        _, eagle, caching, _, dcp, pcp, hash_size = check_coordinator_arguments(
+            max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
+            pcp_world_size, hash_block_size)
         config = as_kv_cache_config(kv_cache_config)
         groups = config.kv_cache_groups
         if len(groups) < 2:
             raise InvalidKVCacheConfig(
                 f"HybridKVCacheCoordinator needs at least 2 KV-cache groups, got {len(groups)}"
             )
-        if dcp_world_size != 1 or pcp_world_size != 1:
+        if dcp != 1 or pcp != 1:
             raise InvalidKVCacheConfig(
                 "context parallelism (dcp/pcp > 1) needs a single KV-cache group"
             )
-        if use_eagle:
+        if eagle:
             raise InvalidKVCacheConfig("EAGLE with several KV-cache groups is not supported")
-        _check_caching_supported(config, enable_caching)
+        _check_caching_supported(config, caching)
         for group_id, group in enumerate(groups):
-            if group.kv_cache_spec.block_size % hash_block_size:
+            if group.kv_cache_spec.block_size % hash_size:
                 raise InvalidKVCacheConfig(
                     f"block size {group.kv_cache_spec.block_size} of KV-cache group {group_id} "
-                    f"is not a multiple of hash_block_size {hash_block_size}"
+                    f"is not a multiple of hash_block_size {hash_size}"
                 )
         super().__init__(
             kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
+            max_pending_kv_events=max_pending_kv_events,
         )
         self.attention_types = _attention_types(config)
         self.lcm_block_size = math.lcm(*(spec.block_size for spec, _ in self.attention_types))
@@ -383,6 +673,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             (spec, group_ids, type(self.single_type_managers[group_ids[0]]))
             for spec, group_ids in self.attention_types
         ]
+        # A type with larger blocks reads hashes joined from the fine ones, which must be
+        # bytes before they are joined (the pool checks only the hashes it is given).
+        self._joins_hashes = any(spec.block_size != hash_size
+                                 for spec, _ in self.attention_types)
 
     def verify_and_split_kv_cache_groups(self) -> None:
         """vLLM 0.13's view of a hybrid config as one full-attention type and one other type:
@@ -426,16 +720,18 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             block_hashes, self.hash_block_size, block_size  # type: ignore[arg-type]
         )
 
-    def find_longest_cache_hit(
+    def _find_longest_cache_hit(
         self, block_hashes: BlockHashList, max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        if self._joins_hashes:
+            check_block_hashes(block_hashes[:max_cache_hit_length // self.hash_block_size])
         hit_length = max_cache_hit_length
         hits: list[tuple[list[KVCacheBlock], ...]] = [() for _ in self._lookups]
         converged = False
         while not converged:
             converged = True
             for index, (spec, group_ids, manager_class) in enumerate(self._lookups):
-                found = manager_class.find_longest_cache_hit(
+                found = manager_class._find_longest_cache_hit(
                     self._hashes_for(block_hashes, spec.block_size), hit_length, group_ids,
                     self.block_pool, spec, self.use_eagle, self.lcm_block_size,
                 )
@@ -480,29 +776,58 @@ def _check_caching_supported(kv_cache_config: KVCacheConfig, enable_caching: boo
             )
 
 
+def _check_event_fields(request: object, request_id: str, first_token: int,
+                        end_token: int, error: type[InvalidManagerArgument]) -> None:
+    """What a ``BlockStored`` event of tokens ``[first_token, end_token)`` reads of the
+    request (the pool builds the event before it keys a block): int token ids, and a LoRA
+    with an int ``adapter_id``."""
+    tokens = getattr(request, "all_token_ids", None)
+    try:
+        chunk = tokens[first_token:end_token]  # type: ignore[index]
+        types = list(map(type, chunk))
+    except TypeError:
+        types = []
+    if len(types) != end_token - first_token or types.count(int) != len(types):
+        raise error(
+            f"request {request_id!r}: all_token_ids {tokens!r} do not hold "
+            f"{end_token - first_token} int token ids from {first_token}")
+    lora = getattr(request, "lora_request", None)
+    if lora is not None and type(getattr(lora, "adapter_id", None)) is not int:
+        raise error(
+            f"request {request_id!r}: its lora_request {lora!r} has no int adapter_id")
+
+
 def get_kv_cache_coordinator(
     kv_cache_config: KVCacheConfigLike,
-    max_model_len: int,
-    use_eagle: bool,
-    enable_caching: bool,
-    enable_kv_cache_events: bool,
-    dcp_world_size: int,
-    pcp_world_size: int,
-    hash_block_size: int,
-    metrics_collector: KVCacheMetricsCollector | None = None,
+    max_model_len: int | object,
+    use_eagle: bool | object,
+    enable_caching: bool | object,
+    enable_kv_cache_events: bool | object,
+    dcp_world_size: int | object,
+    pcp_world_size: int | object,
+    hash_block_size: int | object,
+    metrics_collector: KVCacheMetricsCollector | object | None = None,
+    *,
+    max_pending_kv_events: int | object | None = None,
 ) -> KVCacheCoordinator:
     """No prefix cache when caching is off; unitary for one group; hybrid otherwise."""
-    if not enable_caching:
+    caching = check_coordinator_arguments(
+        max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
+        pcp_world_size, hash_block_size)[2]
+    if not caching:
         return KVCacheCoordinatorNoPrefixCache(
             kv_cache_config, max_model_len, use_eagle, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
+            max_pending_kv_events=max_pending_kv_events,
         )
-    if len(kv_cache_config.kv_cache_groups) == 1:
+    if len(as_kv_cache_config(kv_cache_config).kv_cache_groups) == 1:
         return UnitaryKVCacheCoordinator(
             kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
+            max_pending_kv_events=max_pending_kv_events,
         )
     return HybridKVCacheCoordinator(
         kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
         dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
+        max_pending_kv_events=max_pending_kv_events,
     )

@@ -152,11 +152,44 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Sizes in tokens, bytes and elements are int64 where vLLM's worker uses them.
+_MAX_SIZE = 2**63 - 1
+
+
 def _require_positive(owner: object, name: str, value: object) -> None:
-    if type(value) is not int or value <= 0:
+    if type(value) is not int or not 0 < value <= _MAX_SIZE:
         raise InvalidKVCacheSpec(
-            f"{type(owner).__name__}.{name} must be a positive int, got {value!r}"
+            f"{type(owner).__name__}.{name} must be a positive int (at most 2**63 - 1), "
+            f"got {value!r}"
         )
+
+
+def _names(owner: object, field_name: str, names: object) -> tuple[str, ...]:
+    """Layer names: a sequence of str (a str itself is refused: it is not a list of names)."""
+    if isinstance(names, str | bytes) or not isinstance(names, Sequence | set | frozenset):
+        raise InvalidKVCacheSpec(
+            f"{type(owner).__name__}.{field_name} must be a sequence of layer names, "
+            f"got {names!r}")
+    named = tuple(names)
+    for name in named:
+        if type(name) is not str:
+            raise InvalidKVCacheSpec(
+                f"{type(owner).__name__}.{field_name} holds {name!r}, not a layer name")
+    return named
+
+
+def _members(owner: object, field_name: str, values: object, kind: type) -> tuple[Any, ...]:
+    """A sequence of ``kind`` objects, as a tuple."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InvalidKVCacheSpec(
+            f"{type(owner).__name__}.{field_name} must be a sequence of {kind.__name__}, "
+            f"got {values!r}")
+    members = tuple(values)
+    for member in members:
+        if not isinstance(member, kind):
+            raise InvalidKVCacheSpec(
+                f"{type(owner).__name__}.{field_name} holds {member!r}, not a {kind.__name__}")
+    return members
 
 
 def _require_optional_positive(owner: object, name: str, value: object) -> None:
@@ -415,6 +448,13 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     cache_dtype_str: str | None = None
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.cache_dtype_str is not None and type(self.cache_dtype_str) is not str:
+            raise InvalidKVCacheSpec(
+                f"MLAAttentionSpec.cache_dtype_str must be a str or None, "
+                f"got {self.cache_dtype_str!r}")
+
     FP8_DS_MLA_BYTES_PER_TOKEN: ClassVar[int] = 656
 
     @property
@@ -510,20 +550,32 @@ class MambaSpec(KVCacheSpec):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        shapes = tuple(tuple(int(d) for d in shape) for shape in self.shapes)
+        if not isinstance(self.shapes, Sequence) or not all(
+                isinstance(shape, Sequence) for shape in self.shapes):
+            raise InvalidKVCacheSpec(
+                f"MambaSpec.shapes must be a sequence of shapes, got {self.shapes!r}")
+        shapes = tuple(tuple(shape) for shape in self.shapes)
+        for shape in shapes:
+            if any(type(d) is not int or d <= 0 for d in shape):
+                raise InvalidKVCacheSpec(
+                    f"MambaSpec shape {shape!r} must hold positive int sizes")
+        if not isinstance(self.dtypes, Sequence) or isinstance(self.dtypes, str):
+            raise InvalidKVCacheSpec(
+                f"MambaSpec.dtypes must be a sequence of dtypes, got {self.dtypes!r}")
         dtypes = tuple(canonical_dtype(d) for d in self.dtypes)
         if len(shapes) != len(dtypes):
             raise InvalidKVCacheSpec(
                 f"MambaSpec has {len(shapes)} shapes but {len(dtypes)} dtypes"
             )
-        for shape in shapes:
-            if any(d <= 0 for d in shape):
-                raise InvalidKVCacheSpec(f"MambaSpec shape {shape!r} has a non-positive size")
+        if type(self.mamba_type) is not str:
+            raise InvalidKVCacheSpec(
+                f"MambaSpec.mamba_type must be a str, got {self.mamba_type!r}")
         object.__setattr__(self, "shapes", shapes)
         object.__setattr__(self, "dtypes", dtypes)
-        if type(self.num_speculative_blocks) is not int or self.num_speculative_blocks < 0:
+        if (type(self.num_speculative_blocks) is not int
+                or not 0 <= self.num_speculative_blocks < 2**31):
             raise InvalidKVCacheSpec(
-                f"MambaSpec.num_speculative_blocks must be an int >= 0, "
+                f"MambaSpec.num_speculative_blocks must be an int in [0, 2**31), "
                 f"got {self.num_speculative_blocks!r}"
             )
         _require_optional_positive(self, "page_size_padded", self.page_size_padded)
@@ -644,9 +696,10 @@ class KVCacheTensor:
     shared_by: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if type(self.size) is not int or self.size < 0:
-            raise InvalidKVCacheSpec(f"KVCacheTensor.size must be an int >= 0, got {self.size!r}")
-        object.__setattr__(self, "shared_by", tuple(self.shared_by))
+        if type(self.size) is not int or not 0 <= self.size <= _MAX_SIZE:
+            raise InvalidKVCacheSpec(
+                f"KVCacheTensor.size must be an int in [0, 2**63 - 1], got {self.size!r}")
+        object.__setattr__(self, "shared_by", _names(self, "shared_by", self.shared_by))
 
 
 @dataclass(frozen=True)
@@ -657,7 +710,7 @@ class KVCacheGroupSpec:
     kv_cache_spec: KVCacheSpec
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layer_names", tuple(self.layer_names))
+        object.__setattr__(self, "layer_names", _names(self, "layer_names", self.layer_names))
         if not isinstance(self.kv_cache_spec, KVCacheSpec):
             raise InvalidKVCacheSpec(
                 f"KVCacheGroupSpec.kv_cache_spec must be a KVCacheSpec, "
@@ -675,17 +728,15 @@ class KVCacheConfig:
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
 
     def __post_init__(self) -> None:
-        if type(self.num_blocks) is not int or self.num_blocks < 0:
+        if type(self.num_blocks) is not int or not 0 <= self.num_blocks <= _MAX_SIZE:
             raise InvalidKVCacheSpec(
-                f"KVCacheConfig.num_blocks must be an int >= 0, got {self.num_blocks!r}"
+                f"KVCacheConfig.num_blocks must be an int in [0, 2**63 - 1], "
+                f"got {self.num_blocks!r}"
             )
-        object.__setattr__(self, "kv_cache_tensors", tuple(self.kv_cache_tensors))
-        object.__setattr__(self, "kv_cache_groups", tuple(self.kv_cache_groups))
-        for group in self.kv_cache_groups:
-            if not isinstance(group, KVCacheGroupSpec):
-                raise InvalidKVCacheSpec(
-                    f"KVCacheConfig.kv_cache_groups holds {group!r}, not a KVCacheGroupSpec"
-                )
+        object.__setattr__(self, "kv_cache_tensors", _members(
+            self, "kv_cache_tensors", self.kv_cache_tensors, KVCacheTensor))
+        object.__setattr__(self, "kv_cache_groups", _members(
+            self, "kv_cache_groups", self.kv_cache_groups, KVCacheGroupSpec))
 
 
 def spec_fields(spec: KVCacheSpec) -> dict[str, Any]:

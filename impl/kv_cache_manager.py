@@ -7,9 +7,28 @@ anything changes, so a refused call or a ``None`` (not enough free blocks) leave
 its coordinator and the pool exactly as they were. (vLLM 0.13 frees the skipped blocks before
 its capacity check, even when it then returns ``None``.)
 
+What is checked before anything changes, beyond types and ranges (``InvalidAllocationError``,
+an ``InvalidManagerArgument``, naming the value):
+
+* ``request.num_computed_tokens`` no more than the tokens the request's blocks hold in every
+  group: no token is computed without a slot. It may exceed ``num_tokens`` (async scheduling
+  counts the placeholder tokens of steps in flight), never the slots; beyond them, stage 1
+  would free blocks the request still attends to.
+* cache hits (``new_computed_blocks``) are what ``get_computed_blocks`` gave for this request:
+  per group ``num_new_computed_tokens`` tokens of blocks, each real one the block the pool has
+  cached under the request's hash at its position (``KVCacheCoordinator._check_hits``);
+* what stage 5 reads to key blocks: enough block hashes, of bytes, and with KV events on,
+  token ids and a LoRA a ``BlockStored`` event can carry (``KVCacheCoordinator._check_keys``);
+* ``request.num_tokens`` at most ``max_model_len`` (vLLM finishes a request there), so the
+  tokens stage 5 keys never outrun the slots stage 4 gives.
+
 ``free`` of a request the manager holds no blocks for is a no-op, as in vLLM, whose scheduler
 frees every finished request, including ones that never got blocks; build the manager with
 ``strict_free=True`` to have it raise ``UnknownRequestError`` instead.
+
+``max_pending_kv_events=N`` (kvspec's, keyword only, off by default as in vLLM) bounds the KV
+events the block pool keeps for ``take_events``: past N they collapse into a snapshot that
+replays to the same cached set (impl/block_pool.py, docs/bounded-events.md).
 """
 
 from __future__ import annotations
@@ -17,31 +36,41 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
+from typing import Any, NoReturn
 
 from mypy_extensions import mypyc_attr
 
 from kvspec.impl import host_types
 from kvspec.impl.errors import (
     InvalidAllocationError as InvalidAllocationError,
+    InvalidManagerArgument as InvalidManagerArgument,
     UnknownRequestError as UnknownRequestError,
 )
+from kvspec.impl.hashing import BlockHash
 from kvspec.impl.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
-from kvspec.impl.kv_cache_interface import KVCacheConfigLike
+from kvspec.impl.kv_cache_interface import KVCacheConfigLike, as_kv_cache_config
 from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
 from kvspec.impl.kv_cache_utils import KVCacheBlock
 from kvspec.impl.kv_events import KVCacheEvent
 from kvspec.impl.request import Request as Request, RequestLike
 from kvspec.impl.single_type_kv_cache_manager import (
+    MAX_NUM_TOKENS,
     InvalidKVCacheConfig,
     KVCacheManagerError,
     PrefixCachingNotSupported,
     UnsupportedKVCacheSpec,
+    block_hashes_of,
+    check_count,
+    check_flag,
+    check_request_id,
+    request_id_of,
 )
 from kvspec.impl.stats import PrefixCacheStats as PrefixCacheStats
 
 __all__ = [
     "InvalidAllocationError",
     "InvalidKVCacheConfig",
+    "InvalidManagerArgument",
     "KVCacheBlocks",
     "KVCacheManager",
     "KVCacheManagerError",
@@ -53,22 +82,53 @@ __all__ = [
 ]
 
 
-@dataclass
+def _check_groups(blocks: object, what: str) -> tuple[Sequence[KVCacheBlock], ...]:
+    """``blocks`` if it is a tuple of per-group lists (or tuples)."""
+    if type(blocks) is not tuple:
+        raise InvalidManagerArgument(
+            f"{what} must be a tuple of one block list per KV-cache group, got {blocks!r}")
+    for group in blocks:
+        if type(group) is not list and type(group) is not tuple:
+            raise InvalidManagerArgument(
+                f"each group of {what} must be a list of KVCacheBlock, got {group!r}")
+    return blocks
+
+
+def _block_ids(group: Sequence[object]) -> list[int]:
+    """The ids of a group's blocks (read untyped: a stranger gets a typed refusal, also where
+    the compiled build would check each element's type)."""
+    if not set(map(type, group)) <= {KVCacheBlock}:
+        stranger = next(b for b in group if type(b) is not KVCacheBlock)
+        raise InvalidManagerArgument(f"KVCacheBlocks holds {stranger!r}, not a block")
+    blocks: Sequence[Any] = group
+    return [block.block_id for block in blocks]
+
+
+@dataclass(init=False)
 class KVCacheBlocks:
     """The blocks of one request, per KV-cache group: ``blocks[group][i]``."""
 
     blocks: tuple[Sequence[KVCacheBlock], ...]
 
-    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...] | object) -> None:
+        self.blocks = _check_groups(blocks, "KVCacheBlocks")
+
+    def __add__(self, other: KVCacheBlocks | object) -> KVCacheBlocks:
+        if not isinstance(other, KVCacheBlocks):
+            raise InvalidManagerArgument(f"cannot add {other!r} to KVCacheBlocks")
+        if len(other.blocks) != len(self.blocks):
+            raise InvalidManagerArgument(
+                f"cannot add KVCacheBlocks of {len(other.blocks)} groups to KVCacheBlocks of "
+                f"{len(self.blocks)} groups")
         return KVCacheBlocks(
             tuple(list(chain(a, b)) for a, b in zip(self.blocks, other.blocks, strict=True))
         )
 
-    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None:
+    def get_block_ids(self, allow_none: bool | object = False) -> tuple[list[int], ...] | None:
         """Per group, the block ids; with ``allow_none``, None when every group is empty."""
-        if allow_none and all(len(group) == 0 for group in self.blocks):
+        if check_flag("allow_none", allow_none) and all(len(group) == 0 for group in self.blocks):
             return None
-        return tuple([block.block_id for block in group] for group in self.blocks)
+        return tuple(_block_ids(group) for group in self.blocks)
 
     def get_unhashed_block_ids(self) -> list[int]:
         """Ids of the blocks without a prefix-cache key (one group only)."""
@@ -76,16 +136,56 @@ class KVCacheBlocks:
             raise InvalidAllocationError(
                 f"get_unhashed_block_ids needs exactly one KV-cache group, got {len(self.blocks)}"
             )
-        return [block.block_id for block in self.blocks[0] if block.block_hash is None]
+        group: Sequence[Any] = self.blocks[0]
+        ids = _block_ids(group)
+        return [block_id for block_id, block in zip(ids, group, strict=True)
+                if block.block_hash is None]
 
     def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in self.blocks))
 
 
-def _count(name: str, value: object) -> int:
-    if type(value) is not int or value < 0:
-        raise InvalidAllocationError(f"{name} must be an int >= 0, got {value!r}")
-    return value
+def _refuse_allocation(max_model_len: int, num_new_tokens: object,
+                       num_new_computed_tokens: object, num_lookahead_tokens: object,
+                       num_encoder_tokens: object, delay_cache_blocks: object) -> NoReturn:
+    """The refusal of allocate_slots arguments that failed the one-line test."""
+    if type(num_new_tokens) is not int or not 0 < num_new_tokens <= max_model_len:
+        raise InvalidAllocationError(
+            f"num_new_tokens must be greater than 0 and at most max_model_len="
+            f"{max_model_len}, got {num_new_tokens!r}")
+    check_count("num_new_computed_tokens", num_new_computed_tokens, max_model_len,
+                error=InvalidAllocationError)
+    check_count("num_lookahead_tokens", num_lookahead_tokens, max_model_len,
+                error=InvalidAllocationError)
+    check_count("num_encoder_tokens", num_encoder_tokens, MAX_NUM_TOKENS,
+                error=InvalidAllocationError)
+    check_flag("delay_cache_blocks", delay_cache_blocks, InvalidAllocationError)
+    raise AssertionError("unreachable: an argument failed the test above")
+
+
+def _refuse_request(request: object, max_model_len: int, error: type[InvalidManagerArgument],
+                    also: str) -> NoReturn:
+    """The refusal of a request whose fields failed the one-line test: an id that is not a
+    str, ``num_tokens`` not in [0, max_model_len] (vLLM finishes a request there; its own
+    tests allocate for an empty prompt), or the
+    field ``also`` (``num_computed_tokens``, an int >= 0, or ``skip_reading_prefix_cache``,
+    a bool)."""
+    request_id = getattr(request, "request_id", None)
+    if type(request_id) is not str:
+        raise error(
+            f"{request!r} is not a request: its request_id must be a str, got {request_id!r}")
+    num_tokens = getattr(request, "num_tokens", None)
+    if type(num_tokens) is not int or not 0 <= num_tokens <= max_model_len:
+        raise error(f"num_tokens of {request!r} must be an int in [0, max_model_len="
+                    f"{max_model_len}], got {num_tokens!r}")
+    value = getattr(request, also, None)
+    if also == "num_computed_tokens" and (type(value) is not int or value < 0):
+        raise error(f"request {request_id!r}: num_computed_tokens must be an int >= 0, "
+                    f"got {value!r}")
+    if also == "skip_reading_prefix_cache" and type(value) is not bool:
+        raise error(f"request {request_id!r}: skip_reading_prefix_cache must be a bool, "
+                    f"got {value!r}")
+    raise AssertionError("unreachable: a field failed the test above")
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -95,24 +195,22 @@ class KVCacheManager:
     def __init__(
         self,
         kv_cache_config: KVCacheConfigLike,
-        max_model_len: int,
-        hash_block_size: int,
-        enable_caching: bool = True,
-        use_eagle: bool = False,
-        log_stats: bool = False,
-        enable_kv_cache_events: bool = False,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        metrics_collector: KVCacheMetricsCollector | None = None,
+        max_model_len: int | object,
+        hash_block_size: int | object,
+        enable_caching: bool | object = True,
+        use_eagle: bool | object = False,
+        log_stats: bool | object = False,
+        enable_kv_cache_events: bool | object = False,
+        dcp_world_size: int | object = 1,
+        pcp_world_size: int | object = 1,
+        metrics_collector: KVCacheMetricsCollector | object | None = None,
         *,
-        strict_free: bool = False,
+        strict_free: bool | object = False,
+        max_pending_kv_events: int | object | None = None,
     ) -> None:
-        self.max_model_len = max_model_len
-        self.enable_caching = enable_caching
-        self.use_eagle = use_eagle
-        self.log_stats = log_stats
-        self.strict_free = strict_free
-        self.hash_block_size = hash_block_size
+        # The coordinator checks the config, the sizes and the other flags.
+        self.log_stats: bool = check_flag("log_stats", log_stats, InvalidKVCacheConfig)
+        self.strict_free: bool = check_flag("strict_free", strict_free, InvalidKVCacheConfig)
         self.coordinator: KVCacheCoordinator = get_kv_cache_coordinator(
             kv_cache_config=kv_cache_config,
             max_model_len=max_model_len,
@@ -123,9 +221,15 @@ class KVCacheManager:
             pcp_world_size=pcp_world_size,
             hash_block_size=hash_block_size,
             metrics_collector=metrics_collector,
+            max_pending_kv_events=max_pending_kv_events,
         )
+        coordinator = self.coordinator
+        self.max_model_len: int = coordinator.max_model_len
+        self.enable_caching: bool = coordinator.enable_caching
+        self.use_eagle: bool = coordinator.use_eagle
+        self.hash_block_size: int = coordinator.hash_block_size
         self.kv_cache_config = kv_cache_config
-        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.num_kv_cache_groups = len(as_kv_cache_config(kv_cache_config).kv_cache_groups)
         self.block_pool = self.coordinator.block_pool
         self.prefix_cache_stats: PrefixCacheStats | None = (
             host_types.PrefixCacheStats() if log_stats else None
@@ -135,6 +239,16 @@ class KVCacheManager:
             tuple(() for _ in range(self.num_kv_cache_groups))
         )
         self._unitary = self.num_kv_cache_groups == 1
+        # The calls that may have evicted cached blocks so far (allocations, evict_blocks,
+        # resets), and the last lookup that found hits: (its result, the result's groups, a
+        # copy of them, the request id, its hash list, the hit length, the count of such
+        # calls then). Hits that are that very result, unchanged, with no eviction since,
+        # need not be looked up again (``_checked_hits``).
+        self._evicting_calls = 0
+        self._last_lookup: tuple[
+            KVCacheBlocks, tuple[Sequence[KVCacheBlock], ...],
+            tuple[list[KVCacheBlock], ...], str, list[BlockHash], int, int,
+        ] | None = None
 
     # -- accounting ----------------------------------------------------------------------
 
@@ -155,20 +269,53 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: RequestLike) -> tuple[KVCacheBlocks, int]:
         """The longest cached prefix of the request, at most ``num_tokens - 1`` tokens (the
-        last token is always recomputed to get its logits), and its length in tokens."""
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        last token is always recomputed to get its logits), and its length in tokens.
+
+        The lookup refuses a block hash that is not bytes when it reaches it; one after the
+        first miss is not read (as a loop of ``BlockPool.get_cached_block`` would not)."""
+        max_model_len = self.max_model_len
+        fields: Any = request  # read duck-typed: vLLM's Request, impl's, or a stranger
+        try:
+            request_id = fields.request_id
+            num_tokens = fields.num_tokens
+            skip = fields.skip_reading_prefix_cache
+        except AttributeError:
+            _refuse_request(request, max_model_len, InvalidManagerArgument,
+                            "skip_reading_prefix_cache")
+        if (type(request_id) is not str or type(num_tokens) is not int
+                or not 0 <= num_tokens <= max_model_len or type(skip) is not bool):
+            _refuse_request(request, max_model_len, InvalidManagerArgument,
+                            "skip_reading_prefix_cache")
+        if not self.enable_caching or skip or not num_tokens:
             return self.empty_kv_cache_blocks, 0
-        max_cache_hit_length = request.num_tokens - 1
-        computed_blocks, num_new_computed_tokens = self.coordinator.find_longest_cache_hit(
-            request.block_hashes, max_cache_hit_length
+        block_hashes: Any = getattr(fields, "block_hashes", None)
+        if type(block_hashes) is not list:
+            block_hashes_of(request)  # refuses it, naming it
+        if len(block_hashes) < num_tokens // self.hash_block_size:
+            raise InvalidManagerArgument(
+                f"request {request_id!r} has {len(block_hashes)} block hashes for "
+                f"{num_tokens} tokens (was it built with a block_hasher?)")
+        stats = self.prefix_cache_stats
+        preempted = False
+        if stats is not None:
+            num_preemptions = getattr(request, "num_preemptions", None)
+            if type(num_preemptions) is not int or num_preemptions < 0:
+                raise InvalidManagerArgument(
+                    f"request {request_id!r}: num_preemptions must be an int >= 0, "
+                    f"got {num_preemptions!r}")
+            preempted = num_preemptions > 0
+        computed_blocks, num_new_computed_tokens = self.coordinator._find_longest_cache_hit(
+            block_hashes, num_tokens - 1
         )
-        if self.prefix_cache_stats is not None:
-            self.prefix_cache_stats.record(
-                num_tokens=request.num_tokens,
-                num_hits=num_new_computed_tokens,
-                preempted=request.num_preemptions > 0,
-            )
-        return self.create_kv_cache_blocks(computed_blocks), num_new_computed_tokens
+        if stats is not None:
+            stats.record(num_tokens=num_tokens, num_hits=num_new_computed_tokens,
+                         preempted=preempted)
+        result = self._blocks_result(computed_blocks)
+        if num_new_computed_tokens:
+            self._last_lookup = (result, result.blocks, tuple(map(list, result.blocks)),
+                                 request_id, block_hashes, num_new_computed_tokens,
+                                 self._evicting_calls)
+        return result, num_new_computed_tokens
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -177,9 +324,9 @@ class KVCacheManager:
         request: RequestLike,
         num_new_tokens: int | object,
         num_new_computed_tokens: int | object = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
+        new_computed_blocks: KVCacheBlocks | object | None = None,
         num_lookahead_tokens: int | object = 0,
-        delay_cache_blocks: bool = False,
+        delay_cache_blocks: bool | object = False,
         num_encoder_tokens: int | object = 0,
     ) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead slots),
@@ -189,109 +336,180 @@ class KVCacheManager:
         Layout of the request's tokens::
 
             | computed | new computed | new | lookahead |
-                       |<------- needs slots -------->|
+                       |<------- needs slots -------->|   (at most max_model_len in all)
             |<----- cached when full ----->|
         """
-        if type(num_new_tokens) is not int or num_new_tokens <= 0:
-            raise InvalidAllocationError(
-                f"num_new_tokens must be greater than 0, got {num_new_tokens!r}"
-            )
-        num_new_computed_tokens = _count("num_new_computed_tokens", num_new_computed_tokens)
-        num_lookahead_tokens = _count("num_lookahead_tokens", num_lookahead_tokens)
-        num_encoder_tokens = _count("num_encoder_tokens", num_encoder_tokens)
+        max_model_len = self.max_model_len
+        # One test per argument on the path every call takes; _refuse_allocation says which.
+        if (type(num_new_tokens) is not int or not 0 < num_new_tokens <= max_model_len
+                or type(num_new_computed_tokens) is not int
+                or not 0 <= num_new_computed_tokens <= max_model_len
+                or type(num_lookahead_tokens) is not int
+                or not 0 <= num_lookahead_tokens <= max_model_len
+                or type(num_encoder_tokens) is not int
+                or not 0 <= num_encoder_tokens <= MAX_NUM_TOKENS
+                or type(delay_cache_blocks) is not bool):
+            _refuse_allocation(max_model_len, num_new_tokens, num_new_computed_tokens,
+                               num_lookahead_tokens, num_encoder_tokens, delay_cache_blocks)
+        num_hit_tokens, num_lookahead = num_new_computed_tokens, num_lookahead_tokens
+        num_encoder, delay = num_encoder_tokens, delay_cache_blocks
         coordinator = self.coordinator
-        request_id = request.request_id
+        if num_encoder and not coordinator.has_cross_attention:
+            raise InvalidAllocationError(
+                f"num_encoder_tokens={num_encoder} for a model without cross-attention")
+        fields: Any = request  # read duck-typed: vLLM's Request, impl's, or a stranger
+        try:
+            request_id = fields.request_id
+            num_tokens = fields.num_tokens
+            num_computed = fields.num_computed_tokens
+        except AttributeError:
+            _refuse_request(request, max_model_len, InvalidAllocationError,
+                            "num_computed_tokens")
+        if (type(request_id) is not str or type(num_tokens) is not int
+                or not 0 <= num_tokens <= max_model_len
+                or type(num_computed) is not int or num_computed < 0):
+            _refuse_request(request, max_model_len, InvalidAllocationError,
+                            "num_computed_tokens")
+        if num_computed:  # 0 computed tokens need no slot
+            coordinator._check_computed_tokens(request_id, "num_computed_tokens", num_computed,
+                                              InvalidAllocationError)
         empty = self.empty_kv_cache_blocks.blocks
-        if new_computed_blocks is None:
+        if new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks:
             new_computed = empty
         else:
-            new_computed = new_computed_blocks.blocks
-            if len(new_computed) != self.num_kv_cache_groups:
-                raise InvalidAllocationError(
-                    f"new_computed_blocks has {len(new_computed)} groups, the manager "
-                    f"{self.num_kv_cache_groups}"
-                )
-        has_hits = new_computed is not empty and any(new_computed)
-        if has_hits:
-            if not self.enable_caching:
-                raise InvalidAllocationError(
-                    f"request {request_id!r} brings cache hits but prefix caching is off"
-                )
-            if coordinator.has_blocks(request_id):
-                raise InvalidAllocationError(
-                    f"request {request_id!r} already holds blocks and cannot take cache hits"
-                )
-        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
-        num_tokens_need_slot = min(
-            num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
-        )
-        num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
-        caching_now = self.enable_caching and not delay_cache_blocks
-        if caching_now and (
-            len(request.block_hashes) < num_tokens_to_cache // self.hash_block_size
-        ):
+            new_computed = self._checked_hits(request, request_id, num_tokens,
+                                            new_computed_blocks, num_hit_tokens)
+        if num_hit_tokens and (new_computed is empty or not any(new_computed)):
             raise InvalidAllocationError(
-                f"request {request_id!r} has {len(request.block_hashes)} block hashes, too few "
-                f"to cache {num_tokens_to_cache} tokens (was it built with a block_hasher?)"
-            )
+                f"num_new_computed_tokens={num_hit_tokens} counts cache hits, but request "
+                f"{request_id!r} brings none")
+        num_computed_tokens = num_computed + num_hit_tokens
+        num_tokens_need_slot = min(
+            num_computed_tokens + num_new_tokens + num_lookahead, max_model_len
+        )
+        num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, num_tokens)
+        caching_now = self.enable_caching and not delay
+        if caching_now:
+            coordinator._check_keys(request, request_id, num_tokens_to_cache, num_hit_tokens,
+                                   InvalidAllocationError)
 
         # Stage 2 first: count, change nothing. The bound that takes every hit for a free
         # block settles most calls without reading a ref count.
         num_free = self.block_pool.get_num_free_blocks()
-        if coordinator.get_max_num_blocks_to_allocate(
-            request_id, num_tokens_need_slot, new_computed, num_encoder_tokens
+        if coordinator._max_num_blocks_to_allocate(
+            request_id, num_tokens_need_slot, new_computed, num_encoder
         ) > num_free:
-            num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate(
-                request_id, num_tokens_need_slot, new_computed, num_encoder_tokens
+            num_blocks_to_allocate = coordinator._num_blocks_to_allocate(
+                request_id, num_tokens_need_slot, new_computed, num_encoder
             )
             if num_blocks_to_allocate > num_free and num_blocks_to_allocate > num_free + (
-                coordinator.num_blocks_freed_by_skip(request_id, request.num_computed_tokens)
+                coordinator._num_blocks_freed_by_skip(request_id, num_computed)
             ):
                 return None
 
         # Stage 1: blocks that slid out of the window go back to the pool.
-        coordinator.remove_skipped_blocks(request_id, request.num_computed_tokens)
+        self._evicting_calls += 1
+        coordinator._remove_skipped_blocks(request_id, num_computed)
         # Stage 3: attach the cache hits.
         if new_computed is not empty:
             if self.enable_caching:
                 self.block_pool.touch(new_computed)
-            coordinator.save_new_computed_blocks(request_id, new_computed)
+            coordinator._save_new_computed_blocks(request_id, new_computed)
         # Stage 4: new blocks.
-        new_blocks = coordinator.allocate_new_blocks(
-            request_id, num_tokens_need_slot, num_encoder_tokens
+        new_blocks = coordinator._allocate_new_blocks(
+            request_id, num_tokens_need_slot, num_encoder
         )
         # Stage 5: key the blocks that are full now (never lookahead/draft tokens).
         if caching_now:
-            coordinator.cache_blocks(request, num_tokens_to_cache)
-        return self.create_kv_cache_blocks(new_blocks)
+            coordinator._cache_blocks(request, num_tokens_to_cache)
+        return self._blocks_result(new_blocks)
+
+    def _checked_hits(
+        self, request: object, request_id: str, num_tokens: int, new_computed_blocks: object,
+        num_hit_tokens: int,
+    ) -> tuple[Sequence[KVCacheBlock], ...]:
+        """``new_computed_blocks.blocks`` if they are this request's cache hits (see the
+        module docstring); per-group lists, all empty, are no hits.
+
+        Hits that are the very result of the last ``get_computed_blocks``, for this request,
+        unchanged, with no call since that may have evicted a cached block (the scheduler's
+        lookup-then-allocate), were this request's cache hits then and still are: they are
+        not looked up again. A caller that evicts through the pool itself in between is not
+        seen; the manager's own calls are."""
+        groups = getattr(new_computed_blocks, "blocks", None)
+        last = self._last_lookup
+        if (last is not None and last[0] is new_computed_blocks and last[1] is groups
+                and last[3] == request_id and last[5] == num_hit_tokens < num_tokens
+                and last[6] == self._evicting_calls
+                and getattr(request, "block_hashes", None) is last[4] and last[2] == groups
+                and not self.coordinator._has_blocks(request_id)):
+            return groups
+        if type(groups) is not tuple:
+            raise InvalidAllocationError(
+                f"new_computed_blocks must be KVCacheBlocks, got {new_computed_blocks!r}")
+        if len(groups) != self.num_kv_cache_groups:
+            raise InvalidAllocationError(
+                f"new_computed_blocks has {len(groups)} groups, the manager "
+                f"{self.num_kv_cache_groups}"
+            )
+        for group in groups:
+            if type(group) is not list and type(group) is not tuple:
+                raise InvalidAllocationError(
+                    f"each group of new_computed_blocks must be a list of blocks, "
+                    f"got {group!r}")
+        if not any(groups):
+            return groups
+        if not self.enable_caching:
+            raise InvalidAllocationError(
+                f"request {request_id!r} brings cache hits but prefix caching is off"
+            )
+        if self.coordinator._has_blocks(request_id):
+            raise InvalidAllocationError(
+                f"request {request_id!r} already holds blocks and cannot take cache hits"
+            )
+        if num_hit_tokens >= num_tokens:
+            raise InvalidAllocationError(
+                f"num_new_computed_tokens={num_hit_tokens}: cache hits must leave at least the "
+                f"last of the {num_tokens} tokens of request {request_id!r} to compute")
+        self.coordinator._check_hits(block_hashes_of(request, InvalidAllocationError), groups,
+                                    num_hit_tokens, InvalidAllocationError)
+        return groups
 
     def free(self, request: RequestLike) -> None:
         """Release the request's blocks, each group's last block first."""
-        request_id = request.request_id
-        if self.strict_free and not self.coordinator.has_blocks(request_id):
+        request_id: Any = getattr(request, "request_id", None)
+        if type(request_id) is not str:
+            request_id_of(request)  # refuses it, naming it
+        if self.strict_free and not self.coordinator._has_blocks(request_id):
             raise UnknownRequestError(f"the manager holds no blocks for request {request_id!r}")
-        self.coordinator.free(request_id)
+        self.coordinator._free(request_id)
 
-    def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
-        """Key the request's blocks that ``num_computed_tokens`` tokens fill."""
+    def cache_blocks(self, request: RequestLike, num_computed_tokens: int | object) -> None:
+        """Key the request's blocks that ``num_computed_tokens`` tokens fill (checked as the
+        coordinator's ``cache_blocks`` checks, also with prefix caching off)."""
+        count = self.coordinator._check_cacheable(request, num_computed_tokens,
+                                                 self.max_model_len)
         if self.enable_caching:
-            self.coordinator.cache_blocks(request, num_computed_tokens)
+            self.coordinator._cache_blocks(request, count)
 
     # -- prefix cache --------------------------------------------------------------------
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds blocks."""
+        self._evicting_calls += 1
         if not self.block_pool.reset_prefix_cache():
             return False
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.reset = True
         return True
 
-    def evict_blocks(self, block_ids: set[int]) -> None:
+    def evict_blocks(self, block_ids: set[int] | object) -> None:
+        self._evicting_calls += 1
         self.block_pool.evict_blocks(block_ids)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        """Per group, the leading blocks every running request shares."""
+    def get_num_common_prefix_blocks(self, running_request_id: str | object) -> list[int]:
+        """Per group, the leading blocks every running request shares (0s for an id that
+        holds no blocks)."""
         return self.coordinator.get_num_common_prefix_blocks(running_request_id)
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -299,19 +517,26 @@ class KVCacheManager:
 
     # -- views ---------------------------------------------------------------------------
 
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
+    def get_blocks(self, request_id: str | object) -> KVCacheBlocks:
+        return self._blocks_result(self.coordinator._get_blocks(check_request_id(request_id)))
 
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+    def get_block_ids(self, request_id: str | object) -> tuple[list[int], ...]:
         return tuple(
             [block.block_id for block in group]
-            for group in self.coordinator.get_blocks(request_id)
+            for group in self.coordinator._get_blocks(check_request_id(request_id))
         )
 
     def create_kv_cache_blocks(
-        self, blocks: tuple[Sequence[KVCacheBlock], ...]
+        self, blocks: tuple[Sequence[KVCacheBlock], ...] | object
     ) -> KVCacheBlocks:
         """``KVCacheBlocks(blocks)``, or the shared empty one when every group is empty."""
+        groups = _check_groups(blocks, "blocks")
+        if len(groups) != self.num_kv_cache_groups:
+            raise InvalidManagerArgument(
+                f"blocks has {len(groups)} groups, the manager {self.num_kv_cache_groups}")
+        return self._blocks_result(groups)
+
+    def _blocks_result(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         if self._unitary:
             return KVCacheBlocks(blocks) if blocks[0] else self.empty_kv_cache_blocks
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

@@ -12,6 +12,13 @@ before anything changes:
   referenced for the manager's life) instead of popping them off the free queue;
 * errors are the typed exceptions below, never bare assertions.
 
+Every public method checks its arguments (a request id that is not a str, a count that is not
+an int in range, blocks that are not this pool's or not in the state the call needs, more tokens
+than the request's blocks hold) and raises ``InvalidManagerArgument`` before anything changes.
+The coordinators call the unchecked twins (``_allocate_new_blocks`` for ``allocate_new_blocks``,
+...) after checking once for the whole call, so the per-request path pays for no check twice;
+subclasses override the twins.
+
 The module-level functions with the names of spec/attention_rules.py are the same rules on the
 same inputs; the managers run them over a lazily evaluated hit pattern, so each block hash is
 looked up at most once and only as far as the rule reads.
@@ -19,14 +26,16 @@ looked up at most once and only as far as the rule reads.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, ClassVar, cast, overload
 
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.errors import (
     InvalidKVCacheConfig as InvalidKVCacheConfig,
+    InvalidManagerArgument as InvalidManagerArgument,
     KVCacheManagerError as KVCacheManagerError,
     PrefixCachingNotSupported as PrefixCachingNotSupported,
     UnsupportedKVCacheSpec as UnsupportedKVCacheSpec,
@@ -51,10 +60,13 @@ from kvspec.impl.request import RequestLike
 BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
 
 __all__ = [
+    "MAX_NUM_TOKENS",
+    "MAX_WORLD_SIZE",
     "ChunkedLocalAttentionManager",
     "CrossAttentionManager",
     "FullAttentionManager",
     "InvalidKVCacheConfig",
+    "InvalidManagerArgument",
     "KVCacheManagerError",
     "MambaManager",
     "PrefixCachingNotSupported",
@@ -79,7 +91,110 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- errors
+# --------------------------------------------------------------------------- argument checks
+
+# Token counts and positions are int64 on vLLM's worker (positions, slot mappings); world
+# sizes are torch.distributed's int32.
+MAX_NUM_TOKENS = 2**63 - 1
+MAX_WORLD_SIZE = 2**31 - 1
+_MAX_GROUP_ID = 2**32 - 1
+
+_pool_of = attrgetter("_pool")
+_ref_cnt_of = attrgetter("ref_cnt")
+
+
+def _bound(value: int) -> str:
+    return "2**63 - 1" if value == MAX_NUM_TOKENS else str(value)
+
+
+def check_count(
+    name: str,
+    value: object,
+    high: int = MAX_NUM_TOKENS,
+    low: int = 0,
+    error: type[ValueError] = InvalidManagerArgument,
+) -> int:
+    """``value`` if it is an int in ``[low, high]``; ``error`` naming it otherwise."""
+    if type(value) is not int or not low <= value <= high:
+        raise error(f"{name} must be an int in [{low}, {_bound(high)}], got {value!r}")
+    return value
+
+
+def check_request_id(request_id: object) -> str:
+    if type(request_id) is not str:
+        raise InvalidManagerArgument(f"a request id must be a str, got {request_id!r}")
+    return request_id
+
+
+def request_id_of(request: object) -> str:
+    """The id of a request (vLLM's ``Request`` or impl's, read duck-typed): a str."""
+    request_id = getattr(request, "request_id", None)
+    if type(request_id) is not str:
+        raise InvalidManagerArgument(
+            f"{request!r} is not a request: its request_id must be a str, got {request_id!r}")
+    return request_id
+
+
+def block_hashes_of(request: object, error: type[ValueError] = InvalidManagerArgument
+                    ) -> list[Any]:
+    """A request's block hashes: a list (of bytes, checked where they are read)."""
+    hashes = getattr(request, "block_hashes", None)
+    if type(hashes) is not list:
+        raise error(f"{request!r} is not a request: its block_hashes must be a list of bytes, "
+                    f"got {hashes!r}")
+    return hashes
+
+
+def check_flag(name: str, value: object, error: type[ValueError] = InvalidManagerArgument) -> bool:
+    if type(value) is not bool:
+        raise error(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def check_block_list(blocks: object, what: str) -> Sequence[KVCacheBlock]:
+    """``blocks`` if it is a list or tuple of ``KVCacheBlock`` (one type check in C)."""
+    if type(blocks) is not list and type(blocks) is not tuple:
+        raise InvalidManagerArgument(f"{what} must be a list of KVCacheBlock, got {blocks!r}")
+    if blocks and not set(map(type, blocks)) <= {KVCacheBlock}:
+        stranger = next(b for b in blocks if type(b) is not KVCacheBlock)
+        raise InvalidManagerArgument(f"{what} holds {stranger!r}, not a KVCacheBlock")
+    return blocks
+
+
+def check_block_hashes(block_hashes: object) -> BlockHashList:
+    """``block_hashes`` if it is a list of bytes, or a ``BlockHashListWithBlockSize`` over
+    one."""
+    fine = (block_hashes.block_hashes if isinstance(block_hashes, BlockHashListWithBlockSize)
+            else block_hashes)
+    if type(fine) is not list:
+        raise InvalidManagerArgument(f"block_hashes must be a list of bytes, got {block_hashes!r}")
+    if list(map(type, fine)).count(bytes) != len(fine):
+        bad = next(h for h in fine if type(h) is not bytes)
+        raise InvalidManagerArgument(f"block hash must be bytes, got {bad!r}")
+    return block_hashes  # type: ignore[return-value]
+
+
+def check_group_ids(group_ids: object) -> list[int]:
+    if (type(group_ids) is not list and type(group_ids) is not tuple) or not group_ids:
+        raise InvalidManagerArgument(
+            f"kv_cache_group_ids must be a non-empty list of group ids, got {group_ids!r}")
+    for group_id in group_ids:
+        check_count("a KV-cache group id", group_id, _MAX_GROUP_ID)
+    return list(group_ids)
+
+
+def check_block_pool(block_pool: object, error: type[ValueError] = InvalidManagerArgument
+                     ) -> BlockPool:
+    if not isinstance(block_pool, BlockPool):
+        raise error(f"block_pool must be a BlockPool, got {block_pool!r}")
+    return block_pool
+
+
+def check_world_sizes(dcp_world_size: object, pcp_world_size: object,
+                      error: type[ValueError] = InvalidKVCacheConfig) -> tuple[int, int]:
+    """The two context-parallel world sizes, each an int in [1, MAX_WORLD_SIZE]."""
+    return (check_count("dcp_world_size", dcp_world_size, MAX_WORLD_SIZE, 1, error),
+            check_count("pcp_world_size", pcp_world_size, MAX_WORLD_SIZE, 1, error))
 
 
 # --------------------------------------------------------------------------- pure rules
@@ -224,7 +339,9 @@ class _HitPattern(Sequence[bool]):
     def __init__(
         self, block_hashes: BlockHashList, block_pool: BlockPool, group_ids: list[int]
     ) -> None:
-        self._block_hashes = block_hashes
+        # Read untyped: the pool refuses a hash that is not bytes, typed and named, where
+        # the compiled build would check each element's type with a bare TypeError.
+        self._block_hashes: Any = block_hashes
         self._block_pool = block_pool
         self._group_ids = group_ids
         self.found: dict[int, list[KVCacheBlock] | None] = {}
@@ -267,8 +384,14 @@ def _max_length_within(block_hashes: BlockHashList, max_length: int, block_size:
 # --------------------------------------------------------------------------- managers
 
 
-class SingleTypeKVCacheManager(ABC):
-    """The blocks of every request in one KV-cache group, for one attention type."""
+class SingleTypeKVCacheManager:
+    """The blocks of every request in one KV-cache group, for one attention type.
+
+    Not an ``abc.ABC`` (vLLM's is): compiled by mypyc, every subclass of ``ABC`` shares
+    ``abc.ABC``'s own instance-check cache, so once any of them had been checked,
+    ``isinstance(full_attention_manager, CrossAttentionManager)`` answered True. The abstract
+    methods raise ``NotImplementedError``.
+    """
 
     # Whether get_num_skipped_tokens can be positive (blocks slide out of the window).
     skips_blocks: ClassVar[bool] = False
@@ -291,34 +414,94 @@ class SingleTypeKVCacheManager(ABC):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
+        block_pool: BlockPool | object,
+        kv_cache_group_id: int | object,
+        dcp_world_size: int | object = 1,
+        pcp_world_size: int | object = 1,
     ) -> None:
         spec = as_kv_cache_spec(kv_cache_spec)
-        self._check_serves(spec, dcp_world_size, pcp_world_size)
-        for name, size in (("dcp_world_size", dcp_world_size), ("pcp_world_size", pcp_world_size)):
-            if type(size) is not int or size < 1:
-                raise InvalidKVCacheConfig(f"{name} must be a positive int, got {size!r}")
+        pool = check_block_pool(block_pool, InvalidKVCacheConfig)
+        group_id = check_count("kv_cache_group_id", kv_cache_group_id, _MAX_GROUP_ID,
+                               error=InvalidKVCacheConfig)
+        dcp, pcp = check_world_sizes(dcp_world_size, pcp_world_size)
+        self._check_serves(spec, dcp, pcp)
         # The caller's spec as given (vLLM's own, in vLLM); impl computes with its equal spec.
         self.kv_cache_spec = kv_cache_spec
         self.spec: KVCacheSpec = spec
-        self.block_pool = block_pool
-        self.kv_cache_group_id = kv_cache_group_id
-        self.dcp_world_size = dcp_world_size
-        self.pcp_world_size = pcp_world_size
-        self.block_size = spec.block_size * dcp_world_size * pcp_world_size
+        self.block_pool: BlockPool = pool
+        self.kv_cache_group_id: int = group_id
+        self.dcp_world_size: int = dcp
+        self.pcp_world_size: int = pcp
+        self.block_size: int = spec.block_size * dcp * pcp
         self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
         self.num_cached_block: dict[str, int] = {}
-        self._null_block = block_pool.null_block
+        self._null_block = pool.null_block
+
+    # -- checks --------------------------------------------------------------------------
+
+    def _slots_held(self, request_id: str) -> int:
+        """Tokens the request's blocks in this group have room for (0 if it holds none)."""
+        blocks = self.req_to_blocks.get(request_id)
+        return len(blocks) * self.block_size if blocks else 0
+
+    def _check_within_slots(self, request_id: str, name: str, num_tokens: int | object) -> int:
+        """``num_tokens`` if it is a count of tokens the request's blocks hold."""
+        count = check_count(name, num_tokens)
+        if count > self._slots_held(request_id):
+            raise InvalidManagerArgument(
+                f"{name}={count} is more than the {self._slots_held(request_id)} tokens the "
+                f"blocks of request {request_id!r} hold in KV-cache group "
+                f"{self.kv_cache_group_id}")
+        return count
+
+    def _check_hits(self, request_id: str, blocks: Sequence[KVCacheBlock] | object
+                    ) -> Sequence[KVCacheBlock]:
+        """Cache hits for a request that holds no blocks: blocks of this pool, each listed
+        once and already touched (in use), null blocks only before the real ones and only
+        where blocks slide out of the window."""
+        hits = check_block_list(blocks, "new_computed_blocks")
+        if not hits:
+            return hits
+        if self.req_to_blocks.get(request_id) or request_id in self.num_cached_block:
+            raise InvalidManagerArgument(
+                f"request {request_id!r} already holds blocks and cannot take "
+                f"{len(hits)} cache hits")
+        null = self._null_block
+        num_null = hits.count(null)
+        if num_null and (not self.skips_blocks or null in hits[num_null:]):
+            raise InvalidManagerArgument(
+                f"{type(self).__name__} takes null blocks only before the real hits, got "
+                f"{[b.block_id for b in hits]}")
+        real = hits[num_null:]
+        pool = self.block_pool
+        if not set(map(_pool_of, real)) <= {pool}:
+            stranger = next(b for b in real if b._pool is not pool)
+            raise InvalidManagerArgument(f"{stranger!r} is not a block of this pool")
+        if 0 in map(_ref_cnt_of, real):
+            free = next(b for b in real if b.ref_cnt == 0)
+            raise InvalidManagerArgument(
+                f"block {free.block_id} is free: cache hits are touched before they are saved")
+        if len(set(real)) != len(real):
+            raise InvalidManagerArgument(
+                f"a block appears twice in the hits {[b.block_id for b in real]}")
+        return hits
 
     # -- allocation ----------------------------------------------------------------------
 
     def get_num_blocks_to_allocate(
+        self, request_id: str | object, num_tokens: int | object,
+        new_computed_blocks: Sequence[KVCacheBlock] | object,
+    ) -> int:
+        """New blocks this group needs so that the request holds ``num_tokens`` tokens (a
+        count: blocks made outside the pool are counted as hits, as vLLM's tests do)."""
+        return self._num_blocks_to_allocate(
+            check_request_id(request_id), check_count("num_tokens", num_tokens),
+            check_block_list(new_computed_blocks, "new_computed_blocks"),
+        )
+
+    def _num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> int:
-        """New blocks this group needs so that the request holds ``num_tokens`` tokens."""
         held = self.req_to_blocks.get(request_id)
         num_evictable = 0
         if new_computed_blocks:
@@ -334,20 +517,40 @@ class SingleTypeKVCacheManager(ABC):
         )
 
     def save_new_computed_blocks(
-        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]
+        self, request_id: str | object, new_computed_blocks: Sequence[KVCacheBlock] | object
     ) -> None:
         """Attach a new request's cache hits (already touched) as its first blocks."""
+        checked_id = check_request_id(request_id)
+        self._save_new_computed_blocks(checked_id, self._check_hits(checked_id,
+                                                                    new_computed_blocks))
+
+    def _save_new_computed_blocks(
+        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> None:
         if request_id not in self.num_cached_block and not self.req_to_blocks.get(request_id):
             self.req_to_blocks[request_id].extend(new_computed_blocks)
             self.num_cached_block[request_id] = len(new_computed_blocks)
         elif new_computed_blocks:
-            raise KVCacheManagerError(
+            raise InvalidManagerArgument(
                 f"request {request_id!r} already holds blocks and cannot take "
                 f"{len(new_computed_blocks)} cache hits"
             )
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        """Append the blocks needed to hold ``num_tokens`` tokens; return the new ones."""
+    def allocate_new_blocks(
+        self, request_id: str | object, num_tokens: int | object
+    ) -> list[KVCacheBlock]:
+        """Append the blocks needed to hold ``num_tokens`` tokens; return the new ones.
+        More than the pool has free is refused before the request's list is touched."""
+        checked_id = check_request_id(request_id)
+        count = check_count("num_tokens", num_tokens)
+        wanted = self._num_blocks_to_allocate(checked_id, count, ())
+        if wanted > self.block_pool.get_num_free_blocks():
+            raise InvalidManagerArgument(
+                f"num_tokens={count} needs {wanted} new blocks, the pool has "
+                f"{self.block_pool.get_num_free_blocks()} free")
+        return self._allocate_new_blocks(checked_id, count)
+
+    def _allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         req_blocks = self.req_to_blocks[request_id]
         num_new = -(-num_tokens // self.block_size) - len(req_blocks)
         if num_new <= 0:
@@ -356,8 +559,15 @@ class SingleTypeKVCacheManager(ABC):
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
-        """Key the request's blocks that ``num_tokens`` tokens fill and are not keyed yet."""
+    def cache_blocks(self, request: RequestLike, num_tokens: int | object) -> None:
+        """Key the request's blocks that ``num_tokens`` tokens fill and are not keyed yet
+        (the pool checks the request's hashes, token ids and LoRA before it keys any)."""
+        request_id = request_id_of(request)
+        block_hashes_of(request)
+        self._cache_blocks(request, self._check_within_slots(request_id, "num_tokens",
+                                                             num_tokens))
+
+    def _cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
         request_id = request.request_id
         num_full = num_tokens // self.block_size
         num_cached = self.num_cached_block.get(request_id, 0)
@@ -369,8 +579,11 @@ class SingleTypeKVCacheManager(ABC):
         )
         self.num_cached_block[request_id] = num_full
 
-    def free(self, request_id: str) -> None:
+    def free(self, request_id: str | object) -> None:
         """Release the request's blocks, last block first (so the chain tail is evicted first)."""
+        self._free(check_request_id(request_id))
+
+    def _free(self, request_id: str) -> None:
         blocks = self.req_to_blocks.pop(request_id, None)
         if blocks:
             # A reversed copy: the caller may still hold this list (get_blocks returns it).
@@ -379,16 +592,28 @@ class SingleTypeKVCacheManager(ABC):
 
     # -- skipped (out-of-window) blocks --------------------------------------------------
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+    def get_num_skipped_tokens(self, num_computed_tokens: int | object) -> int:
         """Leading tokens no future token attends to (none by default)."""
+        return self._num_skipped_tokens(check_count("num_computed_tokens",
+                                                    num_computed_tokens))
+
+    def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return 0
 
-    def skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> list[int]:
+    def skipped_blocks_to_free(
+        self, request_id: str | object, num_computed_tokens: int | object
+    ) -> list[int]:
         """Indices of the request's blocks that ``remove_skipped_blocks`` would free, highest
         first (it stops at the first null block: everything before it is already null)."""
+        checked_id = check_request_id(request_id)
+        return self._skipped_blocks_to_free(
+            checked_id, self._check_within_slots(checked_id, "num_computed_tokens",
+                                                 num_computed_tokens))
+
+    def _skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> list[int]:
         if not self.skips_blocks:
             return []
-        num_skipped = self.get_num_skipped_tokens(num_computed_tokens)
+        num_skipped = self._num_skipped_tokens(num_computed_tokens)
         if num_skipped <= 0:
             return []
         blocks = self.req_to_blocks.get(request_id)
@@ -402,9 +627,19 @@ class SingleTypeKVCacheManager(ABC):
             indices.append(i)
         return indices
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        """Replace out-of-window blocks by the null block and free them, highest index first."""
-        indices = self.skipped_blocks_to_free(request_id, num_computed_tokens)
+    def remove_skipped_blocks(
+        self, request_id: str | object, num_computed_tokens: int | object
+    ) -> None:
+        """Replace out-of-window blocks by the null block and free them, highest index first.
+        ``num_computed_tokens`` beyond the tokens the request's blocks hold is refused: no
+        token was computed without a slot."""
+        checked_id = check_request_id(request_id)
+        self._remove_skipped_blocks(
+            checked_id, self._check_within_slots(checked_id, "num_computed_tokens",
+                                                 num_computed_tokens))
+
+    def _remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        indices = self._skipped_blocks_to_free(request_id, num_computed_tokens)
         if not indices:
             return
         blocks = self.req_to_blocks[request_id]
@@ -414,9 +649,17 @@ class SingleTypeKVCacheManager(ABC):
             blocks[i] = null
         self.block_pool.free_blocks(removed)
 
-    def num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
+    def num_blocks_freed_by_skip(
+        self, request_id: str | object, num_computed_tokens: int | object
+    ) -> int:
         """Blocks ``remove_skipped_blocks`` would return to the free queue."""
-        indices = self.skipped_blocks_to_free(request_id, num_computed_tokens)
+        checked_id = check_request_id(request_id)
+        return self._num_blocks_freed_by_skip(
+            checked_id, self._check_within_slots(checked_id, "num_computed_tokens",
+                                                 num_computed_tokens))
+
+    def _num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
+        indices = self._skipped_blocks_to_free(request_id, num_computed_tokens)
         if not indices:
             return 0
         blocks = self.req_to_blocks[request_id]
@@ -424,12 +667,44 @@ class SingleTypeKVCacheManager(ABC):
 
     # -- prefix caching ------------------------------------------------------------------
 
-    @abstractmethod
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def get_num_common_prefix_blocks(self, running_request_id: str | object) -> int:
         """Leading blocks every running request shares (for cascade attention)."""
+        return self._num_common_prefix_blocks(check_request_id(running_request_id))
+
+    @abstractmethod
+    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
+        """``get_num_common_prefix_blocks`` for a checked id."""
+        raise NotImplementedError(f"{type(self).__name__} counts no common prefix")
 
     @classmethod
     def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList | object,
+        max_length: int | object,
+        kv_cache_group_ids: list[int] | object,
+        block_pool: BlockPool | object,
+        kv_cache_spec: KVCacheSpecLike,
+        use_eagle: bool | object,
+        alignment_tokens: int | object,
+        dcp_world_size: int | object = 1,
+        pcp_world_size: int | object = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """Per group in ``kv_cache_group_ids``: the blocks of the longest cache hit within
+        ``max_length`` tokens (the same length in every group): null blocks up to the first
+        hit block, then the hits of ``[first, end)`` that ``_hit_range`` picks."""
+        hashes = check_block_hashes(block_hashes)
+        length = check_count("max_length", max_length)
+        group_ids = check_group_ids(kv_cache_group_ids)
+        pool = check_block_pool(block_pool)
+        spec = as_kv_cache_spec(kv_cache_spec)
+        eagle = check_flag("use_eagle", use_eagle)
+        alignment = check_count("alignment_tokens", alignment_tokens, low=1)
+        dcp, pcp = check_world_sizes(dcp_world_size, pcp_world_size, InvalidManagerArgument)
+        return cls._find_longest_cache_hit(hashes, length, group_ids, pool, spec, eagle,
+                                           alignment, dcp, pcp)
+
+    @classmethod
+    def _find_longest_cache_hit(
         cls,
         block_hashes: BlockHashList,
         max_length: int,
@@ -441,9 +716,6 @@ class SingleTypeKVCacheManager(ABC):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        """Per group in ``kv_cache_group_ids``: the blocks of the longest cache hit within
-        ``max_length`` tokens (the same length in every group): null blocks up to the first
-        hit block, then the hits of ``[first, end)`` that ``_hit_range`` picks."""
         spec = as_kv_cache_spec(kv_cache_spec)
         cls._check_serves(spec, dcp_world_size, pcp_world_size)
         block_size = spec.block_size
@@ -460,7 +732,7 @@ class SingleTypeKVCacheManager(ABC):
         kv_cache_spec: KVCacheSpec, use_eagle: bool, alignment_tokens: int,
     ) -> tuple[int, int]:
         """This attention type's hit rule: ``[first, end)``, the block indices of the hit
-        (the managers that override ``find_longest_cache_hit`` have none)."""
+        (the managers that override ``_find_longest_cache_hit`` have none)."""
         raise NotImplementedError(f"{cls.__name__} has no hit rule over block positions")
 
 
@@ -468,7 +740,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention (and MLA): a hit is the leading run of cached blocks."""
 
     @classmethod
-    def find_longest_cache_hit(
+    def _find_longest_cache_hit(
         cls,
         block_hashes: BlockHashList,
         max_length: int,
@@ -490,7 +762,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             del hit[num_blocks:]
         return tuple(hits)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
         blocks = self.req_to_blocks.get(running_request_id)
         if not blocks:
             return 0
@@ -510,10 +782,10 @@ class SinkFullAttentionManager(FullAttentionManager):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
+        block_pool: BlockPool | object,
+        kv_cache_group_id: int | object,
+        dcp_world_size: int | object = 1,
+        pcp_world_size: int | object = 1,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
@@ -524,12 +796,13 @@ class SinkFullAttentionManager(FullAttentionManager):
                 f"got {sink_len!r}"
             )
         num_sink_blocks = sink_len // self.block_size
-        if num_sink_blocks > block_pool.get_num_free_blocks():
+        pool = self.block_pool
+        if num_sink_blocks > pool.get_num_free_blocks():
             raise InvalidKVCacheConfig(
                 f"{num_sink_blocks} sink blocks do not fit a pool with "
-                f"{block_pool.get_num_free_blocks()} free blocks"
+                f"{pool.get_num_free_blocks()} free blocks"
             )
-        self.sink_blocks = block_pool.get_new_blocks(num_sink_blocks)
+        self.sink_blocks = pool.get_new_blocks(num_sink_blocks)
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
@@ -543,10 +816,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
+        block_pool: BlockPool | object,
+        kv_cache_group_id: int | object,
+        dcp_world_size: int | object = 1,
+        pcp_world_size: int | object = 1,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
@@ -562,10 +835,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             alignment_tokens, use_eagle,
         )
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+    def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - self.sliding_window + 1
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
 
 
@@ -580,10 +853,10 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
+        block_pool: BlockPool | object,
+        kv_cache_group_id: int | object,
+        dcp_world_size: int | object = 1,
+        pcp_world_size: int | object = 1,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
@@ -607,10 +880,10 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
             cast(ChunkedLocalAttentionSpec, kv_cache_spec).attention_chunk_size,
         )
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+    def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
 
 
@@ -625,10 +898,10 @@ class MambaManager(SingleTypeKVCacheManager):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
+        block_pool: BlockPool | object,
+        kv_cache_group_id: int | object,
+        dcp_world_size: int | object = 1,
+        pcp_world_size: int | object = 1,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
@@ -643,20 +916,20 @@ class MambaManager(SingleTypeKVCacheManager):
         end = mamba_hit_blocks(hits, max_length, block_size, alignment_tokens)
         return max(end - 1, 0), end
 
-    def get_num_blocks_to_allocate(
+    def _num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> int:
-        return super().get_num_blocks_to_allocate(
+        return super()._num_blocks_to_allocate(
             request_id, num_tokens + self.num_speculative_tokens, new_computed_blocks
         )
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        return super().allocate_new_blocks(request_id, num_tokens + self.num_speculative_tokens)
+    def _allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        return super()._allocate_new_blocks(request_id, num_tokens + self.num_speculative_tokens)
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+    def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - 1
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
 
 
@@ -665,6 +938,13 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
     prefix-cached."""
 
     def save_new_computed_blocks(
+        self, request_id: str | object, new_computed_blocks: Sequence[KVCacheBlock] | object
+    ) -> None:
+        self._save_new_computed_blocks(
+            check_request_id(request_id),
+            check_block_list(new_computed_blocks, "new_computed_blocks"))
+
+    def _save_new_computed_blocks(
         self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> None:
         if new_computed_blocks:
@@ -673,14 +953,32 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
                 f"request {request_id!r}"
             )
 
-    def cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+    def cache_blocks(self, request: RequestLike, num_tokens: int | object) -> None:
         raise PrefixCachingNotSupported("Should not be called as prefix caching is disabled.")
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def _cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+        raise PrefixCachingNotSupported("Should not be called as prefix caching is disabled.")
+
+    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
         return 0
 
     @classmethod
     def find_longest_cache_hit(
+        cls,
+        block_hashes: BlockHashList | object,
+        max_length: int | object,
+        kv_cache_group_ids: list[int] | object,
+        block_pool: BlockPool | object,
+        kv_cache_spec: KVCacheSpecLike,
+        use_eagle: bool | object,
+        alignment_tokens: int | object,
+        dcp_world_size: int | object = 1,
+        pcp_world_size: int | object = 1,
+    ) -> tuple[list[KVCacheBlock], ...]:
+        raise PrefixCachingNotSupported("cross-attention blocks are never prefix-cached")
+
+    @classmethod
+    def _find_longest_cache_hit(
         cls,
         block_hashes: BlockHashList,
         max_length: int,
@@ -692,7 +990,7 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         dcp_world_size: int = 1,
         pcp_world_size: int = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
-        raise NotImplementedError("cross-attention blocks are never prefix-cached")
+        raise PrefixCachingNotSupported("cross-attention blocks are never prefix-cached")
 
 
 def _require_no_context_parallel(kind: str, dcp_world_size: int, pcp_world_size: int) -> None:
@@ -713,6 +1011,8 @@ spec_manager_map: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
     CrossAttentionSpec: CrossAttentionManager,
 }
 
+_MANAGER_ARGUMENTS = ("block_pool", "kv_cache_group_id", "dcp_world_size", "pcp_world_size")
+
 
 def get_manager_for_kv_cache_spec(
     kv_cache_spec: KVCacheSpecLike, **kwargs: Any
@@ -726,4 +1026,10 @@ def get_manager_for_kv_cache_spec(
             f"no KV-cache manager handles {type(kv_cache_spec).__name__} "
             f"({kv_cache_spec!r}); known: {sorted(t.__name__ for t in spec_manager_map)}"
         )
+    unknown = sorted(set(kwargs) - set(_MANAGER_ARGUMENTS))
+    missing = [name for name in _MANAGER_ARGUMENTS[:2] if name not in kwargs]
+    if unknown or missing:
+        raise InvalidKVCacheConfig(
+            f"a KV-cache manager takes {', '.join(_MANAGER_ARGUMENTS)}; got unknown "
+            f"{unknown}, missing {missing}")
     return manager_class(kv_cache_spec, **kwargs)

@@ -18,6 +18,14 @@ What the model says, in the words of the seeds:
   the state is exactly what it was (stage 2 is counted before stage 1 is applied).
 * `free` releases each group's blocks in reverse order, so the tail of a chain is evicted
   before its head.
+* Refusals (`BadAllocation`, nothing changes): besides counts out of range, a request whose
+  ``num_computed_tokens`` is more than the tokens its blocks hold in some group (no token is
+  computed without a slot; async scheduling counts tokens of steps in flight, so the count
+  may pass ``num_tokens``, never the slots: beyond them stage 1 would free blocks the request
+  still attends to), cache hits that are not the request's (each real block must be the one
+  cached under the request's hash at its position, ``num_new_computed_tokens`` their length
+  in every group, null blocks only before the real ones of types whose blocks slide out of
+  the window), and a request longer than ``max_model_len``.
 
 Deliberate differences from vLLM 0.13 (impl/ follows the model): a short pool changes nothing
 (0.13 frees the out-of-window blocks first); a sink-attention group holds its sink blocks as
@@ -356,10 +364,23 @@ def find_longest_cache_hit(
     return tuple(per_group), length
 
 
+def _check_request(config: ManagerConfig, request: RequestView) -> None:
+    if not 0 <= request.num_tokens <= config.max_model_len:
+        raise BadAllocation(
+            f"request {request.request_id!r} has {request.num_tokens} tokens, more than "
+            f"max_model_len={config.max_model_len}")
+    if request.num_computed_tokens < 0:
+        raise BadAllocation(f"request {request.request_id!r}: negative num_computed_tokens")
+
+
 def get_computed_blocks(state: ManagerState, request: RequestView) -> tuple[GroupBlocks, int]:
     """The longest cached prefix of the request, capped at num_tokens - 1 tokens."""
-    if not state.config.enable_caching or request.skip_reading_prefix_cache:
-        return tuple(() for _ in state.config.groups), 0
+    config = state.config
+    _check_request(config, request)
+    if not config.enable_caching or request.skip_reading_prefix_cache or not request.num_tokens:
+        return tuple(() for _ in config.groups), 0
+    if len(request.block_hashes) < request.num_tokens // config.hash_block_size:
+        raise BadAllocation(f"request {request.request_id!r} has too few block hashes")
     return find_longest_cache_hit(state, request.block_hashes, request.num_tokens - 1)
 
 
@@ -397,6 +418,41 @@ def _slot_tokens(group: GroupSpec, num_tokens: int, num_encoder_tokens: int) -> 
     return num_tokens
 
 
+def _check_slots(state: ManagerState, request_id: str, num_tokens: int) -> None:
+    """No token counted as computed without a slot in every group holding decoder tokens."""
+    for g, group in enumerate(state.config.groups):
+        if group.kind is Kind.CROSS:
+            continue
+        held = len(_table_get(state.tables[g], request_id) or ()) * group.block_size
+        if num_tokens > held:
+            raise BadAllocation(
+                f"{num_tokens} computed tokens, but request {request_id!r} holds {held} slots "
+                f"in group {g}")
+
+
+def _check_hits(state: ManagerState, request: RequestView, hits: GroupBlocks,
+                num_hit_tokens: int) -> None:
+    """Hits are the request's: per group num_hit_tokens tokens of blocks, leading null blocks
+    only where blocks slide out of the window, each real block the first cached under the
+    request's hash at its position, and the last token left to compute."""
+    config = state.config
+    if num_hit_tokens >= request.num_tokens:
+        raise BadAllocation(f"hits of {num_hit_tokens} tokens leave no token to compute")
+    for g, (group, blocks) in enumerate(zip(config.groups, hits, strict=True)):
+        if len(blocks) * group.block_size != num_hit_tokens:
+            raise BadAllocation(f"{len(blocks)} hit blocks in group {g} for {num_hit_tokens}")
+        num_null = blocks.count(NULL_BLOCK) if group.kind not in (*FULL_KINDS, Kind.CROSS) else 0
+        if NULL_BLOCK in blocks[num_null:]:
+            raise BadAllocation(f"a null block among the real hits of group {g}")
+        hashes = coarse_hashes(request.block_hashes, config.hash_block_size, group.block_size)
+        if len(hashes) < len(blocks):
+            raise BadAllocation(f"hits in group {g} beyond the request's hashes")
+        for i in range(num_null, len(blocks)):
+            cached = P.get_cached_block(state.pool, hashes[i], (g,))
+            if cached is None or cached[0] != blocks[i]:
+                raise BadAllocation(f"block {blocks[i]} is not the request's hit {i} in group {g}")
+
+
 def allocate_slots(
     state: ManagerState,
     request: RequestView,
@@ -412,10 +468,16 @@ def allocate_slots(
     config = state.config
     groups = config.groups
     rid = request.request_id
-    if num_new_tokens <= 0:
-        raise BadAllocation(f"num_new_tokens must be greater than 0, got {num_new_tokens}")
-    if min(num_new_computed_tokens, num_lookahead_tokens, num_encoder_tokens) < 0:
-        raise BadAllocation("token counts must be >= 0")
+    max_len = config.max_model_len
+    if not 0 < num_new_tokens <= max_len:
+        raise BadAllocation(f"num_new_tokens must be in [1, {max_len}], got {num_new_tokens}")
+    if min(num_new_computed_tokens, num_lookahead_tokens, num_encoder_tokens) < 0 or max(
+            num_new_computed_tokens, num_lookahead_tokens) > max_len:
+        raise BadAllocation(f"token counts must be in [0, {max_len}]")
+    if num_encoder_tokens and all(g.kind is not Kind.CROSS for g in groups):
+        raise BadAllocation("encoder tokens for a model without cross-attention")
+    _check_request(config, request)
+    _check_slots(state, rid, request.num_computed_tokens)
     hits = new_computed_blocks if new_computed_blocks is not None else tuple(() for _ in groups)
     if len(hits) != len(groups):
         raise BadAllocation(f"{len(hits)} groups of hits for {len(groups)} groups")
@@ -425,6 +487,9 @@ def allocate_slots(
             raise BadAllocation("cache hits with prefix caching off")
         if any(h is not None for h in held):
             raise BadAllocation(f"request {rid!r} already holds blocks")
+        _check_hits(state, request, hits, num_new_computed_tokens)
+    elif num_new_computed_tokens:
+        raise BadAllocation(f"{num_new_computed_tokens} hit tokens without hit blocks")
     num_computed = request.num_computed_tokens + num_new_computed_tokens
     need = min(num_computed + num_new_tokens + num_lookahead_tokens, config.max_model_len)
     to_cache = min(num_computed + num_new_tokens, request.num_tokens)
@@ -493,8 +558,13 @@ def allocate_slots(
 def cache_blocks(state: ManagerState, request: RequestView, num_tokens: int) -> ManagerState:
     """Key every group's blocks that num_tokens tokens fill and that are not keyed yet."""
     config = state.config
+    if num_tokens < 0:
+        raise BadAllocation(f"cache_blocks of {num_tokens} tokens")
+    _check_slots(state, request.request_id, num_tokens)
     if not config.enable_caching:
         return state
+    if len(request.block_hashes) < num_tokens // config.hash_block_size:
+        raise BadAllocation(f"request {request.request_id!r} has too few block hashes")
     pool = state.pool
     counts = list(state.num_cached)
     rid = request.request_id

@@ -57,9 +57,9 @@ def touch_before_capacity_check() -> None:
 
 def sliding_window_skip_off_by_one() -> None:
     """The sliding window frees one token too many: the oldest token still in the window."""
-    def get_num_skipped_tokens(self: stm.SlidingWindowManager, num_computed_tokens: int) -> int:
+    def num_skipped_tokens(self: stm.SlidingWindowManager, num_computed_tokens: int) -> int:
         return num_computed_tokens - self.sliding_window + 2
-    replace(stm.SlidingWindowManager, "get_num_skipped_tokens", get_num_skipped_tokens)
+    replace(stm.SlidingWindowManager, "_num_skipped_tokens", num_skipped_tokens)
 
 
 def hybrid_single_pass() -> None:
@@ -70,7 +70,7 @@ def hybrid_single_pass() -> None:
         hit_length = max_cache_hit_length
         found_by_type = []
         for spec, group_ids, manager_class in self._lookups:
-            found = manager_class.find_longest_cache_hit(
+            found = manager_class._find_longest_cache_hit(
                 self._hashes_for(block_hashes, spec.block_size), hit_length, group_ids,
                 self.block_pool, spec, self.use_eagle, self.lcm_block_size)
             found_by_type.append(found)
@@ -80,7 +80,7 @@ def hybrid_single_pass() -> None:
             for group_id, blocks in zip(group_ids, found, strict=True):
                 per_group[group_id] = list(blocks[: hit_length // spec.block_size])
         return tuple(per_group), hit_length
-    replace(coord.HybridKVCacheCoordinator, "find_longest_cache_hit", find_longest_cache_hit)
+    replace(coord.HybridKVCacheCoordinator, "_find_longest_cache_hit", find_longest_cache_hit)
 
 
 def lookahead_tokens_cached() -> None:
@@ -111,7 +111,7 @@ def free_forward_order() -> None:
         if blocks:
             self.block_pool.free_blocks(blocks)
         self.num_cached_block.pop(request_id, None)
-    replace(stm.SingleTypeKVCacheManager, "free", free)
+    replace(stm.SingleTypeKVCacheManager, "_free", free)
 
 
 def evictable_hits_cost_nothing() -> None:
@@ -122,7 +122,7 @@ def evictable_hits_cost_nothing() -> None:
                                    new_computed_blocks: Sequence[KVCacheBlock]) -> int:
         held = self.req_to_blocks.get(request_id) or []
         return -(-num_tokens // self.block_size) - len(new_computed_blocks) - len(held)
-    replace(stm.SingleTypeKVCacheManager, "get_num_blocks_to_allocate",
+    replace(stm.SingleTypeKVCacheManager, "_num_blocks_to_allocate",
            get_num_blocks_to_allocate)
 
 
@@ -179,7 +179,7 @@ def common_prefix_counts_shared_blocks() -> None:
                 break
             count += 1
         return count
-    replace(stm.FullAttentionManager, "get_num_common_prefix_blocks",
+    replace(stm.FullAttentionManager, "_num_common_prefix_blocks",
            get_num_common_prefix_blocks)
 
 
