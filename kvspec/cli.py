@@ -43,6 +43,18 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _deadline_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"step deadline must be a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"step deadline must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
 def add_audit_parser(subparsers: Any) -> None:
     """Add the ``audit`` sub-command to ``subparsers``."""
     parser = subparsers.add_parser(
@@ -71,6 +83,10 @@ def add_audit_parser(subparsers: Any) -> None:
                         help="a previous --json result: its discrepancies count as known, and "
                         "the exit status is 0 unless a new one appears")
     parser.add_argument("--seed", type=int, help="Hypothesis seed (default: random)")
+    parser.add_argument("--step-deadline", type=_deadline_seconds, metavar="SECONDS",
+                        help="a step (a rule, or the invariant checks after it) that has not "
+                        "returned after SECONDS is a discrepancy, reported with its program "
+                        "(default: KVSPEC_STEP_DEADLINE, else 5; 0: no deadline)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_audit_command)
 
@@ -127,12 +143,18 @@ def run_audit_command(args: argparse.Namespace) -> int:
         write_counterexamples,
         write_json,
     )
+    from kvspec.spec.conformance.deadline import configured_seconds
     from kvspec.spec.conformance.profiles import load_profile
     from kvspec.spec.conformance.vllm_targets import TargetError
     from kvspec.spec.pool import Profile
 
     load_profile()
     profile = Profile(args.profile)
+    try:
+        step_deadline = configured_seconds(args.step_deadline)
+    except ValueError as error:  # a bad KVSPEC_STEP_DEADLINE
+        print(f"kvspec audit: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     known = None
     if args.baseline:
         try:
@@ -144,7 +166,8 @@ def run_audit_command(args: argparse.Namespace) -> int:
     try:
         audit = run_audit(args.target, profile, args.budget, layer=args.layer, scope=args.scope,
                           seed_base=args.seed,
-                          progress=None if progress is None else progress.update)
+                          progress=None if progress is None else progress.update,
+                          step_deadline=step_deadline)
     except TargetError as error:
         if progress is not None:
             progress.finish()

@@ -16,10 +16,12 @@ import pytest
 from kvspec.cli import main
 from kvspec.spec import pool_invariants
 from kvspec.spec.conformance.audit import Draws, Pick, mutation_score
+from kvspec.spec.conformance.deadline import TargetDidNotReturn
 from kvspec.spec.conformance.pool_machine import BAD_CALLS
 from kvspec.spec.conformance.vllm_targets import vllm_version
 
 BUGGY = "tests.planted_bug_pool:ReversedAllocationPool"
+SPINNING = "tests.planted_bug_pool:NegativeCountSpinsPool"
 
 
 def audit(tmp_path: Path, *extra: str, budget: str = "2") -> tuple[int, dict[str, Any]]:
@@ -81,6 +83,33 @@ def test_a_planted_bug_fails_with_a_runnable_counterexample(
         module.test_counterexample()
 
 
+def test_a_target_that_never_returns_is_a_discrepancy_with_its_program(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A negative count spins the free queue's stale-entry loop: the audit reports the step
+    that did not return, with its shrunk program, instead of hanging."""
+    status, data = audit(tmp_path, "--target", SPINNING, "--step-deadline", "1", budget="3")
+    assert status == 1 and data["step_deadline_seconds"] == 1.0
+    [layer] = data["layers"]
+    [failure] = [f for f in layer["failures"] if f["error"] == "TargetDidNotReturn"]
+    assert (failure["kind"], failure["check"], failure["situation"]) == (
+        "rule", "bad_call", "bad call: alloc negative")
+    assert failure["message"].startswith("target did not return within")
+    assert "interrupted in take_until_none_missing" in failure["message"]
+    assert failure["program"][0].startswith("state.build(")
+    assert failure["program"][-1] == "state.bad_call(data=Draws('alloc negative'))"
+    assert "step deadline 1 s" in capsys.readouterr().out
+
+    # The counterexample replays the hang under the audit's deadline, and ends.
+    path = Path(failure["counterexample"])
+    assert "step_deadline=1.0" in path.read_text()
+    spec = importlib.util.spec_from_file_location("counterexample", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(TargetDidNotReturn, match="within 1 s"):
+        module.test_counterexample()
+
+
 def test_a_baseline_turns_known_discrepancies_into_a_pass(tmp_path: Path) -> None:
     first_status, first = audit(tmp_path, "--target", BUGGY)
     assert first_status == 1
@@ -113,6 +142,8 @@ def test_contract_scope_leaves_out_bad_calls(tmp_path: Path) -> None:
     (["--target", "impl", "--profile", "vllm-9.9"], "invalid choice"),
     (["--target", "impl", "--budget", "-3"], "budget must be positive"),
     (["--target", "impl", "--layer", "everything"], "invalid choice"),
+    (["--target", "impl", "--step-deadline", "-1"], "step deadline must be a finite number"),
+    (["--target", "impl", "--step-deadline", "soon"], "step deadline must be a number"),
 ])
 def test_usage_errors_exit_2(argv: list[str], message: str,
                              capsys: pytest.CaptureFixture[str]) -> None:

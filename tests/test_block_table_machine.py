@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from hypothesis import event, strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -25,6 +24,7 @@ from hypothesis.stateful import (
 
 from kvspec.impl.block_table import BlockTableError, MultiGroupBlockTable
 from kvspec.spec import block_table_model as model, slot_mapping as slots
+from kvspec.spec.conformance.deadline import BoundedSteps
 
 NUM_ROWS = 3
 MAX_BLOCKS = 3
@@ -57,7 +57,7 @@ bad_rows = st.sampled_from([-1, NUM_ROWS, NUM_ROWS + 5])
 block_lists = st.lists(st.integers(0, NUM_BLOCKS - 1), max_size=MAX_BLOCKS)
 
 
-class BlockTableMachine(RuleBasedStateMachine):
+class BlockTableMachine(BoundedSteps):  # every step under the step deadline
     config: MachineConfig
     tables: MultiGroupBlockTable
     models: list[model.Table]

@@ -42,6 +42,7 @@ from hypothesis.stateful import (
 )
 from hypothesis.strategies import DataObject, SearchStrategy
 
+from kvspec.spec.conformance.deadline import StepBudget, call_with_deadline, configured_seconds
 from kvspec.spec.conformance.vllm_targets import TargetError, pool_target
 from kvspec.spec.pool import Profile
 
@@ -331,10 +332,14 @@ def rule_and_invariant_names(machine: type[RuleBasedStateMachine]) -> tuple[list
 
 
 def instrument(machine: type[RuleBasedStateMachine], recorder: Recorder,
-               excluded: frozenset[str] = frozenset()) -> type[RuleBasedStateMachine]:
-    """A subclass of machine whose rules and invariants report to recorder."""
+               excluded: frozenset[str] = frozenset(),
+               step_deadline: float | None = None) -> type[RuleBasedStateMachine]:
+    """A subclass of machine whose rules and invariants report to recorder (and whose steps
+    run under ``step_deadline`` seconds, where given: `deadline.BoundedSteps`)."""
     namespace: dict[str, Any] = {"excluded": frozenset(getattr(machine, "excluded", ()))
                                  | excluded}
+    if step_deadline is not None:
+        namespace["step_deadline"] = step_deadline
     for name, member in inspect.getmembers(machine):
         for marker, value in _markers(member):
             wrap = _wrap_invariant if marker == INVARIANT_MARKER else _wrap_rule
@@ -412,6 +417,7 @@ class AuditResult:
     layers: list[LayerResult]
     seconds: float = 0.0
     baseline: str | None = None  # a previous result whose failures count as known
+    step_deadline: float | None = None  # seconds a step may run (0: none; None: the default)
 
     @property
     def audited(self) -> list[LayerResult]:
@@ -448,19 +454,20 @@ ProgressHook = Callable[[str, Recorder, float, int], None]
 
 def run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_base: int,
               scope: str = "all", progress: ProgressHook | None = None,
-              step_count: int | None = None) -> LayerResult:
+              step_count: int | None = None,
+              step_deadline: float | None = None) -> LayerResult:
     """Audit one layer of target for budget seconds (the target's log warnings silenced)."""
     logging.disable(logging.WARNING)
     try:
         return _run_layer(layer, target, profile, budget, seed_base, scope, progress,
-                          step_count)
+                          step_count, step_deadline)
     finally:
         logging.disable(logging.NOTSET)
 
 
 def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_base: int,
-               scope: str, progress: ProgressHook | None,
-               step_count: int | None) -> LayerResult:
+               scope: str, progress: ProgressHook | None, step_count: int | None,
+               step_deadline: float | None) -> LayerResult:
     try:
         built = layer.build(target, profile)
     except LayerUnavailable as reason:
@@ -488,7 +495,7 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
             max_examples = max(5, int(examples_per_second * min(remaining, 10.0)))
         else:
             max_examples = 10
-        machine = instrument(built.machine, recorder, excluded)
+        machine = instrument(built.machine, recorder, excluded, step_deadline)
         machine = seed(seed_base + batch)(machine)
         batch += 1
         recorder.counting = True
@@ -596,8 +603,11 @@ def _verdict(steps: int, failing: bool, excluded: bool) -> str:
 
 def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
               scope: str = "all", seed_base: int | None = None,
-              progress: ProgressHook | None = None) -> AuditResult:
-    """Audit every layer ``layer`` selects; the budget is shared equally among them."""
+              progress: ProgressHook | None = None,
+              step_deadline: float | None = None) -> AuditResult:
+    """Audit every layer ``layer`` selects; the budget is shared equally among them. A step
+    that has not returned after ``step_deadline`` seconds (default: ``KVSPEC_STEP_DEADLINE``
+    or `deadline.DEFAULT_SECONDS`; 0: none) is a discrepancy."""
     import random
 
     from kvspec.spec.conformance.vllm_targets import vllm_version
@@ -611,9 +621,9 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
     for index, name in enumerate(names):
         share = (budget - (time.perf_counter() - start)) / (len(names) - index)
         results.append(run_layer(LAYERS[name], target, profile, max(share, 1.0), seed_base,
-                                 scope, progress))
+                                 scope, progress, step_deadline=step_deadline))
     audit = AuditResult(target, profile.value, scope, budget, seed_base, sys.executable,
-                        version, results)
+                        version, results, step_deadline=configured_seconds(step_deadline))
     audit.seconds = time.perf_counter() - start
     return audit
 
@@ -679,6 +689,7 @@ def result_to_json(audit: AuditResult) -> dict[str, Any]:
         "target": audit.target, "profile": audit.profile, "scope": audit.scope,
         "vllm_version": audit.vllm_version, "python": audit.python,
         "budget_seconds": audit.budget, "seconds": round(audit.seconds, 3), "seed": audit.seed,
+        "step_deadline_seconds": audit.step_deadline,
         "verdict": audit.verdict, "conforms": audit.conforms,
         "baseline": audit.baseline, "new_failures": len(audit.new_failures),
         "layers": [_layer_json(layer) for layer in audit.layers],
@@ -721,7 +732,8 @@ def render_report(audit: AuditResult) -> str:
     out.append(f"kvspec audit: target {audit.target}{version}, profile {audit.profile}, "
                f"scope {audit.scope}")
     out.append(f"python {audit.python}; budget {audit.budget:g} s, ran {audit.seconds:.1f} s, "
-               f"seed {audit.seed}")
+               f"seed {audit.seed}, " + (f"step deadline {audit.step_deadline:g} s"
+                                         if audit.step_deadline else "no step deadline"))
     for layer in audit.layers:
         out.append("")
         if layer.status != "audited":
@@ -813,7 +825,7 @@ from kvspec.spec.conformance.audit import Draws, Pick, replay_machine
 
 def test_counterexample() -> None:
     state = replay_machine({failure.layer!r}, target={audit.target!r}, profile={audit.profile!r},
-                           excluded={excluded!r})
+                           excluded={excluded!r}, step_deadline={audit.step_deadline!r})
 {body}
     state.teardown()
 '''
@@ -874,22 +886,31 @@ class Replay:
 
         def call(**arguments: Any) -> None:
             with _outside_hypothesis(type(self.machine)):
-                method(**arguments)
-                for invariant_name in self.invariants:
-                    getattr(self.machine, invariant_name)()
+                method(**arguments)  # a rule of a BoundedSteps machine: under the deadline
+                call_with_deadline(self._step_budget, self._check_invariants)
 
         return call
+
+    @property
+    def _step_budget(self) -> StepBudget:
+        return getattr(self.machine, "_step_budget", None) or StepBudget(configured=0.0)
+
+    def _check_invariants(self) -> None:
+        for invariant_name in self.invariants:
+            getattr(self.machine, invariant_name)()
 
     def teardown(self) -> None:
         self.machine.teardown()
 
 
 def replay_machine(layer: str, target: str, profile: str,
-                   excluded: list[str] | tuple[str, ...] = ()) -> Replay:
-    """A fresh machine of layer for target and profile, for replaying a recorded program."""
+                   excluded: list[str] | tuple[str, ...] = (),
+                   step_deadline: float | None = None) -> Replay:
+    """A fresh machine of layer for target and profile, for replaying a recorded program
+    (each step under ``step_deadline`` seconds; None: the default)."""
     built = LAYERS[layer].build(target, Profile(profile))
     machine_class = type(built.machine.__name__, (built.machine,),
-                         {"excluded": frozenset(excluded)})
+                         {"excluded": frozenset(excluded), "step_deadline": step_deadline})
     with _outside_hypothesis(machine_class):
         return Replay(machine_class())
 

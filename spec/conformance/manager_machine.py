@@ -26,7 +26,6 @@ from typing import Any, Protocol
 
 from hypothesis import event, note, strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -34,6 +33,7 @@ from hypothesis.stateful import (
 )
 
 from kvspec.spec import manager as model, pool as pool_model
+from kvspec.spec.conformance.deadline import BoundedSteps
 from kvspec.spec.manager import GroupSpec, Kind, ManagerConfig, ManagerState, RequestView
 
 # --- What the machine sees of a target ---------------------------------------------------------
@@ -415,8 +415,9 @@ class Tracked:
 MAX_LIVE_REQUESTS = 6
 
 
-class ManagerMachine(RuleBasedStateMachine):
-    """Runs a ManagerTarget against spec.manager; subclasses set make_target and layouts."""
+class ManagerMachine(BoundedSteps):
+    """Runs a ManagerTarget against spec.manager; subclasses set make_target and layouts.
+    Every step runs under the step deadline (`deadline.BoundedSteps`)."""
 
     make_target: Callable[[], ManagerTarget]
     layouts: tuple[Layout, ...] = ALL_LAYOUTS

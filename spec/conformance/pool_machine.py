@@ -20,7 +20,6 @@ from typing import Any
 
 from hypothesis import event, note, strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -28,6 +27,7 @@ from hypothesis.stateful import (
 )
 
 from kvspec.spec import pool as model, pool_invariants
+from kvspec.spec.conformance.deadline import BoundedSteps
 from kvspec.spec.conformance.targets import PoolTarget, PoolView, view_of
 from kvspec.spec.pool import NULL_BLOCK, PoolError, PoolState, Profile
 
@@ -39,6 +39,9 @@ BAD_CALLS = (
     "alloc too many", "cache a keyed block", "evict outside pool", "evict negative id",
     "malformed hash",
 )
+# Bounds on pending events (kvspec's pool; a target without them gets None): small, so that
+# collapses into a snapshot happen within a program.
+EVENT_BOUNDS = st.sampled_from([None, None, 1, 2, 3, 6])
 # Situations vLLM's own callers never create (its KV-cache managers guard them): an audit
 # with --scope contract leaves them out.
 OUT_OF_CONTRACT = frozenset(
@@ -66,8 +69,9 @@ class Holding:
     uid: int = field(default=0)
 
 
-class PoolMachine(RuleBasedStateMachine):
-    """Runs a `PoolTarget` against `spec.pool`; subclasses set ``make_target``."""
+class PoolMachine(BoundedSteps):
+    """Runs a `PoolTarget` against `spec.pool`; subclasses set ``make_target``. Every step
+    runs under the step deadline (`deadline.BoundedSteps`)."""
 
     make_target: Callable[[], PoolTarget]
     profile: Profile = Profile.V0_13
@@ -81,6 +85,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.holdings: list[Holding] = []
         self.next_uid = 0
         self.target_taken: tuple[model.Event, ...] = ()  # what the target's take_events gave
+        self.consumer_stalls = False  # drawn by build: nobody takes events
         self._version = 0  # bumped by every call on the target; keys the cached view
         self._view: tuple[int, PoolView] | None = None
         self._state: tuple[tuple[int, int, int], PoolState] | None = None
@@ -143,10 +148,19 @@ class PoolMachine(RuleBasedStateMachine):
         num_blocks=st.integers(2, 16),
         enable_caching=st.sampled_from([True, True, True, False]),
         enable_events=st.booleans(),
+        event_bound=EVENT_BOUNDS,
+        consumer_stalls=st.booleans(),
     )
-    def build(self, num_blocks: int, enable_caching: bool, enable_events: bool) -> None:
-        self.spec = model.new_pool(num_blocks, enable_caching, enable_events, self.profile)
-        self.target.build(num_blocks, enable_caching, enable_events)
+    def build(self, num_blocks: int, enable_caching: bool, enable_events: bool,
+              event_bound: int | None, consumer_stalls: bool) -> None:
+        if not self.target.supports_event_bound():
+            event_bound = None  # vLLM's pools keep every event
+        # With a bound, the consumer may stall (take_events is never called): events then
+        # pile up to collapses over a cache with blocks in it.
+        self.consumer_stalls = consumer_stalls and event_bound is not None
+        self.spec = model.new_pool(num_blocks, enable_caching, enable_events, self.profile,
+                                   event_bound)
+        self.target.build(num_blocks, enable_caching, enable_events, event_bound)
         event(f"pool size {'<=4' if num_blocks <= 4 else '5-8' if num_blocks <= 8 else '9-16'}")
 
     # -- rules: what a serving engine does -----------------------------------------------
@@ -314,6 +328,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert actual == expected, f"reset_prefix_cache: target {actual}, spec {expected}"
         event(f"reset {'succeeded' if expected else 'refused: blocks in use'}")
 
+    @precondition(lambda self: not self.consumer_stalls)
     @rule()
     def take_events(self) -> None:
         result = self._step("take_events", model.take_events, self.target.take_events)
@@ -422,6 +437,15 @@ class PoolMachine(RuleBasedStateMachine):
             f"get_num_free_blocks: target {free}, spec {model.num_free(self.spec)}"
         assert abs(usage - model.usage(self.spec)) < 1e-12, \
             f"get_usage: target {usage}, spec {model.usage(self.spec)}"
+
+    @invariant()
+    def matches_spec_event_collapses(self) -> None:
+        """The pool's count of collapses into a snapshot (where it keeps one) is the spec's."""
+        actual = self.target.event_collapses()
+        if self.spec.num_collapses:
+            event("pending events collapsed into a snapshot")
+        assert actual is None or actual == self.spec.num_collapses, \
+            f"event collapses: target {actual}, spec {self.spec.num_collapses}"
 
     @invariant()
     def matches_spec_state(self) -> None:
