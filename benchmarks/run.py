@@ -1,6 +1,7 @@
 """Run every benchmark side by side with vLLM and print the ratios.
 
     python -m benchmarks.run [--quick] [--vllm-python PATH] [--only pool,checker,...]
+    python -m benchmarks.run --only soak       # opt-in: impl/ alone, minutes (bench_soak.py)
 
 vLLM is timed in the same process as impl/ when it is importable; ``--vllm-python`` re-runs
 this module under that interpreter (for example ``.venv-vllm-0.13.0/bin/python``, built by
@@ -126,7 +127,11 @@ SECTIONS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {
     "block_table": lambda quick: _module_rows("bench_block_table", quick),
     # vLLM's own Scheduler stepping with each manager: the step and its KV-cache share.
     "scheduler": lambda quick: _module_rows("bench_scheduler", quick),
+    # Memory and speed over ~10M block operations on a 1M-block pool, impl/ alone.
+    "soak": lambda quick: _module_rows("bench_soak", quick),
 }
+# Run only when --only names them: the soak takes minutes (benchmarks/bench_soak.py).
+OPT_IN = frozenset({"soak"})
 
 
 def _fmt(value: Any) -> str:
@@ -142,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer and smaller runs")
     parser.add_argument("--vllm-python", help="an interpreter that can import vLLM")
-    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--only", default=",".join(n for n in SECTIONS if n not in OPT_IN),
+                        help=f"comma-separated sections of {', '.join(SECTIONS)} (default: "
+                        f"all but {', '.join(sorted(OPT_IN))})")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
     vllm_python = args.vllm_python or (str(DEFAULT_VLLM_PYTHON)

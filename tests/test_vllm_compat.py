@@ -211,6 +211,10 @@ def test_queue_links_are_read_only_inside_a_queue() -> None:
     with pytest.raises(BlockOwnershipError, match="read-only"):
         queue.fake_free_list_tail.prev_free_block = None
     assert queue.fake_free_list_tail.prev_free_block is not None
+    # A typed refusal, not an AttributeError: getattr(block, name, default) and hasattr
+    # must not swallow it (it subclassed AttributeError before issue 10).
+    assert issubclass(BlockOwnershipError, ValueError)
+    assert not issubclass(BlockOwnershipError, AttributeError)
 
 
 # -- the context-parallel layout of the process ----------------------------------------------
