@@ -323,7 +323,9 @@ class FreeKVCacheBlockQueue:
                 raise InvalidFreeQueueArgument(
                     f"block {block.block_id} already belongs to "
                     f"{'a pool' if block._pool is not None else 'a free queue'}")
-        self._entries: list[KVCacheBlock] = entries
+        # A copy: the queue appends to its entries, which must never grow the caller's list
+        # (vLLM's tests read their list after appending to the queue).
+        self._entries: list[KVCacheBlock] = entries.copy()
         self._head = 0
         self._stale: dict[KVCacheBlock, int] = {}
         self._num_stale = 0

@@ -206,6 +206,19 @@ def test_pool_queue_links_follow_ref_counts() -> None:
     assert pool.null_block.next_free_block is None
 
 
+def test_a_queue_never_changes_the_list_it_was_built_from() -> None:
+    """vLLM's FreeKVCacheBlockQueue copies its blocks into its own links; a caller's list
+    stays as it was while the queue is popped, emptied of a block and appended to (vLLM's
+    own test_free_kv_cache_block_queue_get_all_free_blocks reads it afterwards)."""
+    blocks = [KVCacheBlock(i) for i in range(5)]
+    queue = FreeKVCacheBlockQueue(blocks)
+    queue.popleft()
+    queue.remove(blocks[2])
+    queue.append(blocks[2])
+    assert [block.block_id for block in blocks] == [0, 1, 2, 3, 4]
+    assert queue.get_all_free_blocks() == [blocks[1], blocks[3], blocks[4], blocks[2]]
+
+
 def test_queue_links_are_read_only_inside_a_queue() -> None:
     queue = FreeKVCacheBlockQueue([KVCacheBlock(0)])
     with pytest.raises(BlockOwnershipError, match="read-only"):

@@ -36,6 +36,19 @@ def free_reverses_callers_list() -> None:
     replace(stm.SingleTypeKVCacheManager, "_free", free)
 
 
+def free_queue_keeps_callers_list() -> None:
+    """FreeKVCacheBlockQueue keeps the caller's list as its entries: appending to the queue
+    grows the caller's list (a regression vLLM's own tests caught)."""
+    original = kv_cache_utils.FreeKVCacheBlockQueue.__init__
+
+    def init(self: kv_cache_utils.FreeKVCacheBlockQueue, blocks: Any) -> None:
+        original(self, blocks)
+        if type(blocks) is list:
+            blocks[:] = self._entries
+            self._entries = blocks
+    replace(kv_cache_utils.FreeKVCacheBlockQueue, "__init__", init)
+
+
 def foreign_specs_refused() -> None:
     """Specs are recognised by isinstance only: vLLM's own spec objects are refused."""
     def spec_kind(spec: object) -> Any:
@@ -106,6 +119,7 @@ def _mutant(name: str, plant: Any, *checker: str) -> Mutant:
 
 MUTANTS: list[Mutant] = [
     _mutant("compat_free_reverses_callers_list", free_reverses_callers_list, COMPAT),
+    _mutant("compat_free_queue_keeps_callers_list", free_queue_keeps_callers_list, COMPAT),
     _mutant("compat_foreign_specs_refused", foreign_specs_refused, COMPAT),
     _mutant("compat_plugin_rebinds_nothing", plugin_rebinds_nothing, PLUGIN),
     _mutant("compat_free_queue_links_one_off", free_queue_links_one_off, COMPAT),
