@@ -340,17 +340,19 @@ class BlockPool:
         """The first block cached under block_hash in each group, or None if any group misses."""
         if type(block_hash) is not bytes:
             raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
-        group_ids = _listed(kv_cache_group_ids, "kv_cache_group_ids")
-        for group_id in group_ids:  # all of them, also those after a miss
-            _check_group_id(group_id)
+        group_ids = (kv_cache_group_ids if type(kv_cache_group_ids) is list
+                     else _listed(kv_cache_group_ids, "kv_cache_group_ids"))
         groups = self._groups
         found = []
         for group_id in group_ids:
-            group = groups.get(group_id)
-            if group is None:
-                return None
-            block = group.get(block_hash)
+            # Only an int is looked up (1.0 and True would find group 1). A group the pool
+            # has is a checked id, so a full hit needs no other check: this runs once per
+            # block of every lookup through vLLM's API.
+            group = groups.get(group_id) if type(group_id) is int else None
+            block = None if group is None else group.get(block_hash)
             if block is None:
+                for checked in group_ids:  # all of them, also those after the miss
+                    _check_group_id(checked)
                 return None
             found.append(block)
         return found
