@@ -3,7 +3,7 @@
 Each is a ``ValueError`` or ``LookupError`` (``UnsupportedKVCacheSpec`` a ``KeyError``, as
 in vLLM), raised before anything changes, with a message that names the value. They live
 apart from the classes that raise them because mypyc, which compiles those modules (see
-scripts/compile.sh), cannot compile a class with two built-in bases; each module re-exports
+scripts/compile.py), cannot compile a class with two built-in bases; each module re-exports
 its own, so ``from kvspec.impl.block_pool import BlockNotInUseError`` works as before.
 
 A compiled function checks its arguments' annotated types at the call and raises a bare
