@@ -520,8 +520,8 @@ def test_the_manager_passes_the_bound_to_its_pool() -> None:
     from kvspec.impl.request import Request
 
     spec = FullAttentionSpec(4, 1, 8, "float16")
-    config = KVCacheConfig(16, [KVCacheTensor(16 * spec.page_size_bytes, ["l0"])],
-                           [KVCacheGroupSpec(["l0"], spec)])
+    config = KVCacheConfig(16, (KVCacheTensor(16 * spec.page_size_bytes, ("l0",)),),
+                           (KVCacheGroupSpec(("l0",), spec),))
     with pytest.raises(ValueError, match=r"max_pending_kv_events.*-1"):
         KVCacheManager(config, 64, 4, enable_kv_cache_events=True, max_pending_kv_events=-1)
     manager = KVCacheManager(config, 64, 4, enable_kv_cache_events=True,
