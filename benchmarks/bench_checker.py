@@ -1,22 +1,20 @@
 """How fast the conformance machine checks: steps per second on a 16-block pool.
 
-A step is one rule: the spec and impl/ both run it, outputs and abstract states are
-compared and every named invariant is checked on both.
+A step is one command (`spec/conformance/lockstep.py`) run on the spec and on impl/ in lock
+step, outputs compared; after every rule the abstract states are compared and every named
+invariant is checked.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from kvspec.spec.conformance.pool_machine import PoolMachine
 from kvspec.spec.conformance.targets import VllmApiPool
-from kvspec.spec.pool import PoolState
 
 
 def steps_per_second(examples: int = 40, steps: int = 100) -> float:
@@ -24,12 +22,11 @@ def steps_per_second(examples: int = 40, steps: int = 100) -> float:
     counted = {"steps": 0}
 
     class Counting(PoolMachine):
-        make_target = staticmethod(VllmApiPool)
+        make_adapter = staticmethod(VllmApiPool)
 
-        def _step(self, name: str, spec_call: Callable[[PoolState], Any],
-                  target_call: Callable[[], Any]) -> Any:
-            counted["steps"] += 1
-            return super()._step(name, spec_call, target_call)
+        def teardown(self) -> None:
+            counted["steps"] += len(self.lockstep.performed)  # commands run on both
+            super().teardown()
 
         @initialize()
         def build_16_blocks(self) -> None:

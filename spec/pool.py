@@ -437,3 +437,140 @@ def take_events(state: PoolState) -> tuple[PoolState, tuple[Event, ...]]:
     post: __return__[0].num_taken == len(state.events)
     """
     return replace(state, num_taken=len(state.events)), state.events[state.num_taken :]
+
+
+# --- Operations as data (spec.conformance.lockstep) --------------------------------------------
+# One frozen value per call of the pool's public API; `step` is the one semantics function the
+# machines, the explorer, the CrossHair program contract and the audit's counterexamples share.
+
+
+@dataclass(frozen=True)
+class NewPool:
+    """Build a pool (vLLM's constructor). ``profile`` is the spec's: a target ignores it."""
+
+    num_blocks: int
+    enable_caching: bool = True
+    enable_events: bool = False
+    max_pending_events: int | None = None
+    profile: Profile = Profile.V0_13
+
+
+@dataclass(frozen=True)
+class GetNewBlocks:
+    n: int
+
+
+@dataclass(frozen=True)
+class FreeBlocks:
+    block_ids: tuple[BlockId, ...]
+
+
+@dataclass(frozen=True)
+class Touch:
+    block_ids: tuple[BlockId, ...]
+
+
+@dataclass(frozen=True)
+class CacheFullBlocks:
+    block_ids: tuple[BlockId, ...]
+    block_hashes: tuple[bytes, ...]
+    num_cached: int
+    num_full: int
+    group_id: int
+    token_ids: tuple[int, ...]  # the tokens of blocks [num_cached, num_full)
+    block_size: int
+    lora_id: int | None = None
+
+
+@dataclass(frozen=True)
+class GetCachedBlock:
+    block_hash: bytes
+    group_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GetCachedPrefix:
+    """kvspec's bulk lookup: get_cached_block in one group up to the first miss."""
+
+    block_hashes: tuple[bytes, ...]
+    group_id: int
+    max_blocks: int
+
+
+@dataclass(frozen=True)
+class EvictBlocks:
+    """Evict the keys of a set of blocks: both sides walk ``set(block_ids)``."""
+
+    block_ids: tuple[BlockId, ...]
+
+
+@dataclass(frozen=True)
+class ResetPrefixCache:
+    pass
+
+
+@dataclass(frozen=True)
+class TakeEvents:
+    pass
+
+
+@dataclass(frozen=True)
+class GetNumFreeBlocks:
+    pass
+
+
+@dataclass(frozen=True)
+class GetUsage:
+    pass
+
+
+PoolCommand = (NewPool | GetNewBlocks | FreeBlocks | Touch | CacheFullBlocks | GetCachedBlock
+               | GetCachedPrefix | EvictBlocks | ResetPrefixCache | TakeEvents
+               | GetNumFreeBlocks | GetUsage)
+
+
+def get_cached_prefix(state: PoolState, block_hashes: Sequence[bytes], group_id: int,
+                      max_blocks: int) -> tuple[BlockId, ...]:
+    """The blocks get_cached_block finds in one group, hash by hash, up to the first miss
+    and at most max_blocks of them."""
+    found: list[BlockId] = []
+    for block_hash in block_hashes[:max(max_blocks, 0)]:
+        hit = get_cached_block(state, block_hash, (group_id,))
+        if hit is None:
+            break
+        found.append(hit[0])
+    return tuple(found)
+
+
+def step(state: PoolState | None, command: PoolCommand) -> tuple[PoolState, object]:
+    """One command on the pool: the new state and the command's output (None for calls
+    that return nothing). A refused command raises a `PoolError` and changes nothing."""
+    if isinstance(command, NewPool):
+        return new_pool(command.num_blocks, command.enable_caching, command.enable_events,
+                        command.profile, command.max_pending_events), None
+    if state is None:
+        raise BadConfig(f"{command} before the pool is built")
+    if isinstance(command, GetNewBlocks):
+        return get_new_blocks(state, command.n)
+    if isinstance(command, FreeBlocks):
+        return free_blocks(state, command.block_ids), None
+    if isinstance(command, Touch):
+        return touch(state, command.block_ids), None
+    if isinstance(command, CacheFullBlocks):
+        c = command
+        return cache_full_blocks(state, c.block_ids, c.block_hashes, c.num_cached, c.num_full,
+                                 c.group_id, c.token_ids, c.block_size, c.lora_id), None
+    if isinstance(command, GetCachedBlock):
+        return state, get_cached_block(state, command.block_hash, command.group_ids)
+    if isinstance(command, GetCachedPrefix):
+        return state, get_cached_prefix(state, command.block_hashes, command.group_id,
+                                        command.max_blocks)
+    if isinstance(command, EvictBlocks):
+        return evict_blocks(state, set(command.block_ids)), None
+    if isinstance(command, ResetPrefixCache):
+        return reset_prefix_cache(state)
+    if isinstance(command, TakeEvents):
+        return take_events(state)
+    if isinstance(command, GetNumFreeBlocks):
+        return state, num_free(state)
+    return state, usage(state)

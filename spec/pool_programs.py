@@ -1,6 +1,7 @@
 """Every short program of pool operations keeps every invariant: a contract for CrossHair.
 
-`run_program` decodes a list of integer pairs into pool operations and runs them from a
+`run_program` decodes a list of integer pairs into `spec.pool` commands (the vocabulary the
+machines, the explorer and the audit share) and runs them through `spec.pool.step` from a
 fresh pool, refused calls included (a refusal leaves the state as it was). CrossHair
 explores the programs symbolically; its postcondition is that every invariant of
 `spec.pool_invariants` holds at the end, for both profiles.
@@ -19,24 +20,25 @@ from kvspec.spec.pool import PoolError, PoolState, Profile
 _KEYS = (b"kvspec-key-0", b"kvspec-key-1")
 
 
-def apply_encoded(state: PoolState, opcode: int, argument: int) -> PoolState:
-    """One operation chosen by opcode (mod 7), its block or count taken from argument."""
+def decode(state: PoolState, opcode: int, argument: int) -> model.PoolCommand:
+    """The `spec.pool` command an integer pair stands for: opcode (mod 7) picks the kind,
+    argument the block or count."""
     block = argument % state.num_blocks
     kind = opcode % 7
     if kind == 0:
-        return model.get_new_blocks(state, argument % 3)[0]
+        return model.GetNewBlocks(argument % 3)
     if kind == 1:
-        return model.free_blocks(state, (block,))
+        return model.FreeBlocks((block,))
     if kind == 2:
-        return model.touch(state, (block,))
+        return model.Touch((block,))
     if kind == 3:
         key = _KEYS[(argument // state.num_blocks) % 2]
-        return model.cache_full_blocks(state, (block,), (key,), 0, 1, 0, (argument,), 1)
+        return model.CacheFullBlocks((block,), (key,), 0, 1, 0, (argument,), 1)
     if kind == 4:
-        return model.evict_blocks(state, (block,))
+        return model.EvictBlocks((block,))
     if kind == 5:
-        return model.reset_prefix_cache(state)[0]
-    return model.take_events(state)[0]
+        return model.ResetPrefixCache()
+    return model.TakeEvents()
 
 
 def run_program(num_blocks: int, v0_33: bool, program: list[tuple[int, int]]) -> PoolState:
@@ -51,5 +53,5 @@ def run_program(num_blocks: int, v0_33: bool, program: list[tuple[int, int]]) ->
     state = model.new_pool(num_blocks, True, True, profile)
     for opcode, argument in program:
         with contextlib.suppress(PoolError):  # a refused call changes nothing
-            state = apply_encoded(state, opcode, argument)
+            state = model.step(state, decode(state, opcode, argument))[0]
     return state

@@ -165,5 +165,4 @@ def test_the_pool_machine_reports_a_hang_with_its_shrunk_program(
             suppress_health_check=list(HealthCheck)))
     assert "interrupted in take_until_none_missing" in str(error.value)
     program = "\n".join(getattr(error.value, "__notes__", []))
-    assert "state.build(" in program and "state.bad_call(" in program
-    assert "'alloc negative'" in program
+    assert "state.build(" in program and "state.bad_alloc_negative()" in program

@@ -5,14 +5,13 @@ machines exist) the runner builds the layer's Hypothesis state machine for the t
 the profile, wraps every rule and invariant so it can count how many steps each one checked
 and record the program each example runs, and runs the machine in batches until the time
 budget is spent. A failure is shrunk by Hypothesis; its minimal program is kept (and can be
-written out as a runnable pytest file). A failure in a named *situation* (a bad call, a call
-outside vLLM's caller contract) is reported and the situation is excluded from the next
-batches, so that one known discrepancy does not hide the others; a failure in an ordinary
-rule ends that layer's audit.
+written out as a pytest file of calls on the target's own API). A failure in a bad-call rule
+(``bad_*``) or a named *situation* (a call outside vLLM's caller contract) is reported and
+excluded from the next batches, so that one known discrepancy does not hide the others; a
+failure in an ordinary rule ends that layer's audit.
 
 `run_audit` returns an `AuditResult`; `render_report` and `result_to_json` present it.
-`replay_machine` and `Draws` replay a recorded program outside Hypothesis (the written
-counterexamples use them).
+A program is the list of commands the failing machine ran (`lockstep.Lockstep.performed`).
 """
 
 from __future__ import annotations
@@ -22,11 +21,12 @@ import dataclasses
 import inspect
 import json
 import logging
+import math
 import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -40,11 +40,11 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     run_state_machine_as_test,
 )
-from hypothesis.strategies import DataObject, SearchStrategy
 
-from kvspec.spec.conformance.deadline import StepBudget, call_with_deadline, configured_seconds
+from kvspec.spec.conformance.deadline import configured_seconds
+from kvspec.spec.conformance.lockstep import counterexample_source
 from kvspec.spec.conformance.vllm_targets import TargetError, pool_target
-from kvspec.spec.pool import Profile
+from kvspec.spec.pool import NewPool, Profile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Written by `python -m tests.mutants`: one entry per mutant, with its checker and verdict.
@@ -82,6 +82,11 @@ def _build_pool(target: str, profile: Profile) -> LayerMachine:
     from kvspec.spec.conformance import pool_machine
 
     info = pool_target(target)
+    try:  # a target that cannot be built is a usage error, not a discrepancy
+        info.make().perform(NewPool(2, True, True))
+    except Exception as error:
+        raise TargetError(f"cannot build target {info.pool_path!r} as a BlockPool: "
+                          f"{type(error).__name__}: {error}") from error
     return LayerMachine(pool_machine.machine_for(info.make, profile), info.pool_path, info.api,
                         frozenset(getattr(pool_machine, "OUT_OF_CONTRACT", ())))
 
@@ -144,65 +149,9 @@ def layers_for(layer: str, target: str) -> list[str]:
 
 
 # --- Recording ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Step:
-    """One call of a recorded program: a rule with its arguments and what it drew."""
-
-    name: str
-    arguments: tuple[tuple[str, str], ...]  # (name, repr)
-    draws: tuple[str, ...]  # repr of each value drawn from a `data` argument
-
-    def as_python(self, var: str = "state") -> str:
-        parts = []
-        for key, value in self.arguments:
-            if value == "<data>":
-                parts.append(f"{key}=Draws({', '.join(self.draws)})")
-            else:
-                parts.append(f"{key}={value}")
-        return f"{var}.{self.name}({', '.join(parts)})"
-
-
-class _RecordingData:
-    """Stands in for a rule's `data` argument: draws through it and records the values."""
-
-    def __init__(self, data: DataObject, draws: list[str]) -> None:
-        self._data = data
-        self._draws = draws
-
-    def draw(self, strategy: SearchStrategy[Any], label: Any = None) -> Any:
-        value = self._data.draw(strategy, label)
-        elements = _sampled_elements(strategy)
-        if not _is_literal(value) and elements is not None:
-            # An object of the machine's (say, a running request): replay picks it by index.
-            index = next((i for i, e in enumerate(elements) if e is value), None)
-            if index is not None:
-                self._draws.append(f"Pick({index})")
-                return value
-        self._draws.append(repr(value))
-        return value
-
-
-def _is_literal(value: object) -> bool:
-    """Whether repr(value) reads back as an equal value."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes)):
-        return True
-    if isinstance(value, (tuple, list, set, frozenset)):
-        return all(_is_literal(item) for item in value)
-    return False
-
-
-def _sampled_elements(strategy: Any) -> Sequence[Any] | None:
-    """The elements a sampled_from strategy picks from, or None for other strategies."""
-    for _ in range(4):
-        elements = getattr(strategy, "elements", None)
-        if isinstance(elements, (list, tuple)):
-            return elements
-        strategy = getattr(strategy, "wrapped_strategy", None)
-        if strategy is None:
-            return None
-    return None
+# A program is the list of commands (spec/conformance/lockstep.py) a machine ran on the target
+# and the spec: read from the failing machine's ``lockstep.performed``, never re-derived from
+# Hypothesis's draws.
 
 
 @dataclass
@@ -215,8 +164,10 @@ class Failure:
     situation: str  # what the step was doing (a rule name, or a named situation)
     error: str  # exception type
     message: str
-    program: list[Step]
+    program: list[Any]  # the commands run, the build command first
     excluded: frozenset[str] = frozenset()  # the exclusions in force when it was found
+    rule: str = ""  # the rule that was running (for an invariant: the last rule run)
+    machine: Any = None  # the failing machine (its lockstep's step and adapter write the file)
     counterexample: str | None = None  # path of the written pytest file
     known: bool = False  # listed in the --baseline result
 
@@ -235,25 +186,27 @@ class Recorder:
         self.examples = 0
         self.steps = 0
         self.counting = True  # off while Hypothesis shrinks a failure
-        self.program: list[Step] = []
         self.on_progress = on_progress
 
     def new_example(self) -> None:
         if self.counting:
             self.examples += 1
-        self.program = []
         if self.on_progress is not None:
             self.on_progress(self)
 
-    def failed(self, error: BaseException, kind: str, check: str, situation: str) -> None:
-        """Tag the exception with where it happened, unless an inner wrapper already did."""
+    def failed(self, error: BaseException, kind: str, check: str, machine: Any) -> None:
+        """Tag the exception with where it happened and the program that got there."""
         if not isinstance(error, Exception) or isinstance(error, HypothesisException):
             return  # Hypothesis's own control flow (rejections, stops), not a failure
         self.counting = False
         if not hasattr(error, "_kvspec_where"):
+            situation = getattr(machine, "situation", "") or ""
+            rule = getattr(machine, "_kvspec_rule", "") or ""
+            lockstep = getattr(machine, "lockstep", None)
+            program = list(getattr(lockstep, "performed", []))
             try:
-                error._kvspec_where = (kind, check, situation)  # type: ignore[attr-defined]
-                error._kvspec_program = list(self.program)  # type: ignore[attr-defined]
+                error._kvspec_where = (kind, check, situation, rule)  # type: ignore[attr-defined]
+                error._kvspec_program = (program, machine)  # type: ignore[attr-defined]
             except (AttributeError, TypeError):
                 pass  # an exception type that takes no attributes: reported without a program
 
@@ -269,24 +222,13 @@ def _markers(function: Any) -> list[tuple[str, Any]]:
 
 def _wrap_rule(name: str, function: Callable[..., Any], recorder: Recorder) -> Callable[..., Any]:
     def rule_wrapper(machine: Any, **arguments: Any) -> Any:
-        draws: list[str] = []
-        shown = []
-        for key, value in sorted(arguments.items()):
-            if isinstance(value, DataObject):
-                arguments[key] = _RecordingData(value, draws)
-                shown.append((key, "<data>"))
-            else:
-                shown.append((key, repr(value)))
-        step = Step(name, tuple(shown), ())
-        recorder.program.append(step)
         machine.situation = name
+        machine._kvspec_rule = name
         try:
             result = function(machine, **arguments)
         except BaseException as error:
-            recorder.program[-1] = dataclasses.replace(step, draws=tuple(draws))
-            recorder.failed(error, "rule", name, getattr(machine, "situation", name) or name)
+            recorder.failed(error, "rule", name, machine)
             raise
-        recorder.program[-1] = dataclasses.replace(step, draws=tuple(draws))
         if recorder.counting:
             recorder.steps += 1
             recorder.rule_steps[name] += 1
@@ -306,7 +248,7 @@ def _wrap_invariant(name: str, function: Callable[..., Any],
         try:
             result = function(machine)
         except BaseException as error:
-            recorder.failed(error, "invariant", name, getattr(machine, "situation", "") or "")
+            recorder.failed(error, "invariant", name, machine)
             raise
         if recorder.counting:
             recorder.invariant_steps[name] += 1
@@ -344,7 +286,11 @@ def instrument(machine: type[RuleBasedStateMachine], recorder: Recorder,
         for marker, value in _markers(member):
             wrap = _wrap_invariant if marker == INVARIANT_MARKER else _wrap_rule
             wrapper = wrap(name, value.function, recorder)
-            setattr(wrapper, marker, dataclasses.replace(value, function=wrapper))
+            changes: dict[str, Any] = {"function": wrapper}
+            if marker == RULE_MARKER and name in namespace["excluded"]:
+                # An excluded rule (a bad call already reported, or out of scope) never runs.
+                changes["preconditions"] = (*value.preconditions, _never)
+            setattr(wrapper, marker, dataclasses.replace(value, **changes))
             namespace[name] = wrapper
 
     def __init__(self: Any) -> None:
@@ -353,6 +299,10 @@ def instrument(machine: type[RuleBasedStateMachine], recorder: Recorder,
 
     namespace["__init__"] = __init__
     return type(machine.__name__, (machine,), namespace)
+
+
+def _never(machine: Any) -> bool:
+    return False
 
 
 def _leaves(error: BaseException) -> Iterator[BaseException]:
@@ -364,11 +314,11 @@ def _leaves(error: BaseException) -> Iterator[BaseException]:
 
 
 def _failure_of(layer: str, error: BaseException, excluded: frozenset[str]) -> Failure:
-    kind, check, situation = getattr(error, "_kvspec_where", ("run", "", ""))
-    program: list[Step] = getattr(error, "_kvspec_program", [])
+    kind, check, situation, rule = getattr(error, "_kvspec_where", ("run", "", "", ""))
+    program, machine = getattr(error, "_kvspec_program", ([], None))
     message = str(error).strip() or type(error).__name__
     return Failure(layer, kind, check, situation, type(error).__name__, message, program,
-                   excluded)
+                   excluded, rule, machine)
 
 
 # --- Running -----------------------------------------------------------------------------------
@@ -522,9 +472,7 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
             state["failures"] = len(failures_by_key)
             # Exclude the named situations that failed and look further; a failure in an
             # ordinary rule (or outside any rule) ends this layer's audit.
-            to_exclude = {f.situation for f in new
-                          if f.situation and f.kind != "run" and f.situation != f.check
-                          and f.situation not in _rule_names(built.machine)}
+            to_exclude = {f.situation for f in new if _excludable(f, built.machine)}
             if not new or any(f.situation not in to_exclude for f in new):
                 stop = True
             excluded = excluded | frozenset(to_exclude)
@@ -569,9 +517,22 @@ def _rule_names(machine: type[RuleBasedStateMachine]) -> set[str]:
     return set(rules) | set(invariants)
 
 
+def _excludable(failure: Failure, machine: type[RuleBasedStateMachine]) -> bool:
+    """Whether the audit may exclude what failed and look further: a bad-call rule (named
+    ``bad_*``), or a named situation inside a rule; never an ordinary rule or invariant."""
+    situation = failure.situation
+    if not situation or failure.kind == "run":
+        return False
+    if situation.startswith("bad_"):
+        return True
+    return situation != failure.check and situation not in _rule_names(machine)
+
+
 def _rows(machine: type[RuleBasedStateMachine], recorder: Recorder,
           result: LayerResult) -> list[Row]:
     failed = {(f.kind, f.check) for f in result.failures}
+    # A rule is marked where a failure happened in it, or in the invariants checked after it.
+    failed |= {("rule", f.rule) for f in result.failures if f.rule}
     failed_situations = {f.situation for f in result.failures}
     excluded = set(result.excluded) | set(result.out_of_contract_skipped)
     rules, invariants = rule_and_invariant_names(machine)
@@ -579,8 +540,8 @@ def _rows(machine: type[RuleBasedStateMachine], recorder: Recorder,
     for name in rules:
         steps = recorder.rule_steps[name]
         failing = ("rule", name) in failed
-        rows.append(Row("rule", name, steps, _verdict(steps, failing, False)))
-    situations = sorted(set(recorder.situation_steps) | excluded | (
+        rows.append(Row("rule", name, steps, _verdict(steps, failing, name in excluded)))
+    situations = sorted(set(recorder.situation_steps) | (excluded - set(rules)) | (
         failed_situations - set(rules) - set(invariants) - {""}))
     for name in situations:
         steps = recorder.situation_steps[name]
@@ -709,7 +670,7 @@ def _layer_json(layer: LayerResult) -> dict[str, Any]:
         "out_of_contract_skipped": layer.out_of_contract_skipped,
         "failures": [{
             "kind": f.kind, "check": f.check, "situation": f.situation, "error": f.error,
-            "message": f.message, "program": [s.as_python() for s in f.program],
+            "message": f.message, "rule": f.rule, "program": program_calls(f),
             "counterexample": f.counterexample, "known": f.known,
         } for f in layer.failures],
         "mutation_score": layer.mutation_score,
@@ -772,9 +733,9 @@ def render_report(audit: AuditResult) -> str:
             for line in _first_lines(failure.message).splitlines():
                 out.append(f"     {line}")
             if failure.program:
-                out.append("     minimal program:")
-                for step in failure.program:
-                    out.append(f"       {step.as_python()}")
+                out.append("     minimal program (calls on the target's API):")
+                for call in program_calls(failure):
+                    out.append(f"       {call}")
             if failure.counterexample:
                 out.append(f"     runnable: python -m pytest {failure.counterexample}")
     out.append("")
@@ -796,39 +757,65 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()[:40] or "x"
 
 
+def program_calls(failure: Failure) -> list[str]:
+    """The failure's program as calls on the target's own API (the commands' repr where the
+    failing machine is not at hand)."""
+    adapter = getattr(getattr(failure.machine, "lockstep", None), "adapter", None)
+    if adapter is None:
+        return [repr(command) for command in failure.program]
+    variable = adapter.variable
+    calls = []
+    for number, command in enumerate(failure.program):
+        call = adapter.call_source(command)
+        calls.append(f"{variable} = {call}" if number == 0 else call)
+    return calls
+
+
 def write_counterexample(audit: AuditResult, failure: Failure, directory: Path,
                          number: int) -> Path:
-    """Write failure's minimal program as a runnable pytest file; return its path."""
+    """Write failure's minimal program as a pytest file of calls on the target's own API, with
+    the spec's expected outputs and states written in; return its path."""
     directory.mkdir(parents=True, exist_ok=True)
     name = (f"test_audit_{_slug(audit.target)}_{_slug(audit.profile)}_{failure.layer}_"
             f"{number}_{_slug(failure.situation or failure.check)}.py")
     path = directory / name
     message = "\n".join("    " + line for line in _first_lines(failure.message, 6).splitlines())
-    body = "\n".join("    " + step.as_python() for step in failure.program)
-    excluded = sorted(failure.excluded)
     command = f"kvspec audit --target {audit.target} --profile {audit.profile}"
-    text = f'''"""Counterexample found by `{command}`.
+    docstring = f"""Counterexample found by `{command}`.
 
-Layer {failure.layer}; {failure.kind} {failure.check!r} failed in situation {failure.situation!r}
-with {failure.error}:
+Layer {failure.layer}; {failure.kind} {failure.check!r} failed (rule {failure.rule!r}, situation
+{failure.situation!r}) with {failure.error}:
 
 {message}
 
-Run it with the interpreter that ran the audit, from the repository root:
-    {audit.python} -m pytest {path}
-Each call runs one rule of the conformance machine on the target and on the spec, then
-checks every invariant, exactly as the audit did.
+Each step calls the target's own API, then asserts what the spec ({audit.profile}) says: the
+output, or a refusal, and the state read back through the checker's abstraction function.
+Run it from any directory, with the interpreter that ran the audit:
+    {audit.python} -m pytest {path.resolve()}
 """
-
-from kvspec.spec.conformance.audit import Draws, Pick, replay_machine
-
-
-def test_counterexample() -> None:
-    state = replay_machine({failure.layer!r}, target={audit.target!r}, profile={audit.profile!r},
-                           excluded={excluded!r}, step_deadline={audit.step_deadline!r})
-{body}
-    state.teardown()
-'''
+    preamble = []
+    if ":" in audit.target:  # a class found from the directory the audit ran in
+        preamble = ["import sys", "", f"sys.path.insert(0, {str(Path.cwd())!r})"]
+    fixtures: list[str] = []
+    if failure.error == "TargetDidNotReturn":  # fail where the audit did, rather than hang
+        seconds = max(1, math.ceil(audit.step_deadline or 5))
+        fixtures = [
+            "@pytest.fixture(autouse=True)",
+            "def step_deadline() -> Iterator[None]:",
+            f'    """The audit found a call that does not return: fail after {seconds} s."""',
+            "    def fail(signum: int, frame: object) -> None:",
+            f'        raise TimeoutError("the target did not return within {seconds} s")',
+            "    previous = signal.signal(signal.SIGALRM, fail)",
+            f"    signal.alarm({seconds})",
+            "    yield",
+            "    signal.alarm(0)",
+            "    signal.signal(signal.SIGALRM, previous)",
+        ]
+        preamble = ["import signal", "from collections.abc import Iterator", *preamble]
+    lockstep = failure.machine.lockstep
+    text = counterexample_source(lockstep.step, failure.program, lockstep.adapter,
+                                 type(failure.machine).view_of, docstring, preamble=preamble,
+                                 fixtures=fixtures)
     path.write_text(text)
     failure.counterexample = str(path)
     return path
@@ -838,101 +825,9 @@ def write_counterexamples(audit: AuditResult, directory: Path) -> list[Path]:
     paths = []
     for layer in audit.audited:
         for number, failure in enumerate(layer.failures, 1):
-            if failure.program:
+            if failure.program and failure.machine is not None:
                 paths.append(write_counterexample(audit, failure, directory, number))
     return paths
-
-
-# --- Replaying ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pick:
-    """A recorded draw of the index-th element of a sampled_from strategy."""
-
-    index: int
-
-
-class Draws:
-    """Replays the values a rule drew from its `data` argument, in order."""
-
-    def __init__(self, *values: Any) -> None:
-        self.values = list(values)
-
-    def draw(self, strategy: Any = None, label: Any = None) -> Any:
-        if not self.values:
-            raise LookupError("the recorded program has no more draws for this rule: the "
-                              "machine changed since the counterexample was written")
-        value = self.values.pop(0)
-        if isinstance(value, Pick):
-            elements = _sampled_elements(strategy)
-            if elements is None or not 0 <= value.index < len(elements):
-                raise LookupError(f"cannot replay {value}: the rule drew from {strategy!r}")
-            return elements[value.index]
-        return value
-
-
-class Replay:
-    """A machine instance whose rule calls check every invariant afterwards."""
-
-    def __init__(self, machine: RuleBasedStateMachine) -> None:
-        self.machine = machine
-        self.rules, self.invariants = rule_and_invariant_names(type(machine))
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        if name not in self.rules:
-            raise AttributeError(f"the machine has no rule {name!r}")
-        method = getattr(self.machine, name)
-
-        def call(**arguments: Any) -> None:
-            with _outside_hypothesis(type(self.machine)):
-                method(**arguments)  # a rule of a BoundedSteps machine: under the deadline
-                call_with_deadline(self._step_budget, self._check_invariants)
-
-        return call
-
-    @property
-    def _step_budget(self) -> StepBudget:
-        return getattr(self.machine, "_step_budget", None) or StepBudget(configured=0.0)
-
-    def _check_invariants(self) -> None:
-        for invariant_name in self.invariants:
-            getattr(self.machine, invariant_name)()
-
-    def teardown(self) -> None:
-        self.machine.teardown()
-
-
-def replay_machine(layer: str, target: str, profile: str,
-                   excluded: list[str] | tuple[str, ...] = (),
-                   step_deadline: float | None = None) -> Replay:
-    """A fresh machine of layer for target and profile, for replaying a recorded program
-    (each step under ``step_deadline`` seconds; None: the default)."""
-    built = LAYERS[layer].build(target, Profile(profile))
-    machine_class = type(built.machine.__name__, (built.machine,),
-                         {"excluded": frozenset(excluded), "step_deadline": step_deadline})
-    with _outside_hypothesis(machine_class):
-        return Replay(machine_class())
-
-
-@contextlib.contextmanager
-def _outside_hypothesis(machine: type[RuleBasedStateMachine]) -> Iterator[None]:
-    """Machines call hypothesis.event and note, which need a running test: print instead."""
-    modules = {sys.modules[cls.__module__] for cls in machine.__mro__
-               if cls.__module__ in sys.modules and cls.__module__ != "builtins"}
-    saved = [(module, hook, getattr(module, hook)) for module in modules
-             for hook in ("event", "note") if hasattr(module, hook)]
-    for module, hook, _ in saved:
-        setattr(module, hook, _print_note)
-    try:
-        yield
-    finally:
-        for module, hook, original in saved:
-            setattr(module, hook, original)
-
-
-def _print_note(value: object, payload: object = "") -> None:
-    print(value, payload if payload else "")
 
 
 def write_json(audit: AuditResult, stream: TextIO) -> None:

@@ -1,146 +1,122 @@
 """The block-pool conformance machine: drive a target and the spec side by side, every step.
 
-Rules are the operations a serving engine performs on the pool: admit a request (look up
-its cached prefix, touch the hits, allocate the rest), cache its full blocks, finish it
-(free its blocks, chain tail first), evict from a KV connector, reset the prefix cache,
-drain events, and make bad calls. After every step the target's outputs must equal the
-spec's, its abstract state (`PoolView`) must equal the spec's, and every invariant of
-`spec.pool_invariants` must hold. Pools are tiny (2-16 blocks) and keys few, so
+Rules are what a serving engine does with a pool: admit a request (look up its cached
+prefix, touch the hits, allocate the rest), cache its full blocks, slide its window, finish
+it (free its blocks, chain tail first), evict from a KV connector, reset the prefix cache,
+drain events, and make bad calls (one rule per kind: the pool must refuse each with a typed
+error and change nothing). Every call is a `spec.pool` command run on both through
+`lockstep.Lockstep`, so outputs and refusals are compared as they happen; after every step
+the target's abstract state (`PoolView`) must equal the spec's and every named invariant of
+`spec.pool_invariants` must hold on it. A running request's blocks flow between rules as a
+`Held` value in the ``held`` Bundle. Pools are tiny (2-16 blocks) and keys few, so
 exhaustion, eviction, duplicate keys and hits on free blocks happen all the time.
 
-`machine_for(target_factory)` builds a TestCase class for any target.
+`machine_for(make_adapter)` builds a TestCase class for any pool adapter.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import event, note, strategies as st
 from hypothesis.stateful import (
+    Bundle,
+    consumes,
     initialize,
     invariant,
+    multiple,
     precondition,
     rule,
 )
 
 from kvspec.spec import pool as model, pool_invariants
 from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.conformance.targets import PoolTarget, PoolView, view_of
-from kvspec.spec.pool import NULL_BLOCK, PoolError, PoolState, Profile
+from kvspec.spec.conformance.lockstep import Lockstep, Refused
+from kvspec.spec.conformance.targets import PoolView, VllmApiPool, view_of
+from kvspec.spec.pool import NULL_BLOCK, PoolState, Profile
 
 BLOCK_SIZE = 2
 NUM_FAMILIES = 2  # distinct prompt prefixes: few, so that keys repeat
 GROUPS = (0, 1)
+# The bad-call rules: each must be refused with a typed error, changing nothing.
 BAD_CALLS = (
-    "free unreferenced", "free outside pool", "touch outside pool", "alloc negative",
-    "alloc too many", "cache a keyed block", "evict outside pool", "evict negative id",
-    "malformed hash",
+    "bad_free_unreferenced", "bad_free_outside_pool", "bad_touch_outside_pool",
+    "bad_alloc_negative", "bad_alloc_too_many", "bad_cache_keyed_block",
+    "bad_evict_outside_pool", "bad_evict_negative_id", "bad_malformed_hash",
 )
 # Bounds on pending events (kvspec's pool; a target without them gets None): small, so that
 # collapses into a snapshot happen within a program.
 EVENT_BOUNDS = st.sampled_from([None, None, 1, 2, 3, 6])
 # Situations vLLM's own callers never create (its KV-cache managers guard them): an audit
 # with --scope contract leaves them out.
-OUT_OF_CONTRACT = frozenset(
-    {f"bad call: {kind}" for kind in BAD_CALLS} | {"cache_full_blocks with caching off"})
+OUT_OF_CONTRACT = frozenset(BAD_CALLS) | {"cache_full_blocks with caching off"}
 
 
 def chain_hash(family: int, index: int) -> bytes:
-    """The block hash of block ``index`` of prompt family ``family`` (a stand-in chain)."""
-    return hashlib.sha256(f"kvspec:{family}:{index}".encode()).digest()
+    """The block hash of block ``index`` of prompt family ``family``: a stand-in chain, short
+    and readable in a counterexample (a pool takes any bytes as a block hash)."""
+    return f"family{family}-block{index}".encode()
 
 
 def chain_tokens(family: int, index: int) -> tuple[int, ...]:
     return (family * 1000 + index,) * BLOCK_SIZE
 
 
-@dataclass
-class Holding:
-    """One running request's blocks in one KV-cache group, with how many are cached."""
+@dataclass(frozen=True)
+class Held:
+    """One running request's blocks in one KV-cache group (a value of the ``held`` Bundle)."""
 
+    uid: int
     family: int
     group: int
-    blocks: list[int]
-    num_cached: int = 0
+    blocks: tuple[int, ...]
     lora_id: int | None = None
-    uid: int = field(default=0)
 
 
 class PoolMachine(BoundedSteps):
-    """Runs a `PoolTarget` against `spec.pool`; subclasses set ``make_target``. Every step
+    """Runs a pool adapter against `spec.pool`; subclasses set ``make_adapter``. Every step
     runs under the step deadline (`deadline.BoundedSteps`)."""
 
-    make_target: Callable[[], PoolTarget]
+    make_adapter: Callable[[], VllmApiPool]
     profile: Profile = Profile.V0_13
     excluded: frozenset[str] = frozenset()  # situations an audit has already reported
     situation = ""  # what the current step is doing, named for an audit's report
+    held = Bundle("held")
+    view_of = staticmethod(view_of)
 
     def __init__(self) -> None:
         super().__init__()
-        self.target = type(self).make_target()
-        self.spec: PoolState = model.new_pool(2)
-        self.holdings: list[Holding] = []
+        self.adapter = type(self).make_adapter()
+        self.lockstep: Lockstep[PoolState] = Lockstep(model.step, self.adapter)
+        self.num_cached: dict[int, int] = {}  # Held.uid -> blocks keyed so far
         self.next_uid = 0
-        self.target_taken: tuple[model.Event, ...] = ()  # what the target's take_events gave
+        self.taken: tuple[model.Event, ...] = ()  # every event take_events handed out
+        self.just_allocated: tuple[int, ...] = ()  # checked by allocated_blocks_are_fresh
         self.consumer_stalls = False  # drawn by build: nobody takes events
-        self._version = 0  # bumped by every call on the target; keys the cached view
-        self._view: tuple[int, PoolView] | None = None
-        self._state: tuple[tuple[int, int, int], PoolState] | None = None
+        self._views: tuple[int, PoolView, PoolState] | None = None
 
-    # -- helpers -------------------------------------------------------------------------
-
-    def _step(self, name: str, spec_call: Callable[[PoolState], Any],
-              target_call: Callable[[], Any]) -> Any:
-        """Run one operation on both; a call the spec refuses must be refused alike."""
-        try:
-            result = spec_call(self.spec)
-        except PoolError as refused:
-            self._expect_refusal(name, refused, target_call)
-            return None
-        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], PoolState):
-            self.spec, output = result
-        elif isinstance(result, PoolState):
-            self.spec, output = result, None
-        else:
-            output = result
-        try:
-            actual = target_call()
-        finally:
-            self._version += 1
-        return output, actual
-
-    def _expect_refusal(self, name: str, refused: PoolError,
-                        target_call: Callable[[], Any]) -> None:
-        before = self._target_view()
-        self._version += 1
-        expected_base = LookupError if isinstance(refused, LookupError) else ValueError
-        try:
-            target_call()
-        except (ValueError, LookupError) as error:
-            assert isinstance(error, expected_base), (
-                f"{name}: spec refuses with {type(refused).__name__} ({refused}); target raised "
-                f"{type(error).__name__}, not a {expected_base.__name__}: {error}")
-            assert str(error), f"{name}: {type(error).__name__} without a message"
-        else:
-            raise AssertionError(f"{name}: spec refuses ({refused}) but the target accepted it")
-        after = self._target_view()
-        assert after == before, f"{name}: a refused call changed the target's state"
-        event(f"refused: {name}")
+    @property
+    def spec(self) -> PoolState:
+        assert self.lockstep.state is not None
+        return self.lockstep.state
 
     def _allows(self, situation: str) -> bool:
         """Name what the step is about to do; False when an audit has excluded it."""
         self.situation = situation
         return situation not in self.excluded
 
-    def _new_uid(self) -> int:
-        self.next_uid += 1
-        return self.next_uid
+    def bad_calls_now(self) -> bool:
+        """Bad-call rules are enabled on one step in three (by the commands run so far), so
+        that nine of them do not crowd out what an engine does."""
+        return len(self.lockstep.performed) % 3 == 0
 
-    def _live(self) -> list[Holding]:
-        return self.holdings
+    def _refuse(self, command: Any) -> None:
+        """A bad call: the spec must refuse it (the lockstep checks the target does too)."""
+        output = self.lockstep(command)
+        assert isinstance(output, Refused), f"bad call {command} is not refused by the spec"
+        event(f"refused: {self.situation}")
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -153,105 +129,76 @@ class PoolMachine(BoundedSteps):
     )
     def build(self, num_blocks: int, enable_caching: bool, enable_events: bool,
               event_bound: int | None, consumer_stalls: bool) -> None:
-        if not self.target.supports_event_bound():
+        if not self.adapter.supports_event_bound():
             event_bound = None  # vLLM's pools keep every event
         # With a bound, the consumer may stall (take_events is never called): events then
         # pile up to collapses over a cache with blocks in it.
         self.consumer_stalls = consumer_stalls and event_bound is not None
-        self.spec = model.new_pool(num_blocks, enable_caching, enable_events, self.profile,
-                                   event_bound)
-        self.target.build(num_blocks, enable_caching, enable_events, event_bound)
+        self.lockstep(model.NewPool(num_blocks, enable_caching, enable_events, event_bound,
+                                    self.profile))
         event(f"pool size {'<=4' if num_blocks <= 4 else '5-8' if num_blocks <= 8 else '9-16'}")
 
     # -- rules: what a serving engine does -----------------------------------------------
 
-    @rule(data=st.data(), family=st.integers(0, NUM_FAMILIES - 1),
-          group=st.sampled_from((0, 0, 0, 1)),
-          lora_id=st.sampled_from([None, None, 7]))
-    def admit_request(self, data: st.DataObject, family: int, group: int,
-                      lora_id: int | None) -> None:
-        """Look up the cached prefix, touch the hits, allocate the rest (may exhaust the pool)."""
+    @rule(target=held, family=st.integers(0, NUM_FAMILIES - 1),
+          group=st.sampled_from((0, 0, 0, 1)), both_groups=st.sampled_from([False] * 3 + [True]),
+          lora_id=st.sampled_from([None, None, 7]), num_new=st.integers(0, 4),
+          max_prefix=st.integers(0, 5), cache_now=st.booleans())
+    def admit_request(self, family: int, group: int, both_groups: bool, lora_id: int | None,
+                      num_new: int, max_prefix: int, cache_now: bool) -> Any:
+        """Look up the cached prefix, touch the hits, allocate the rest (may exhaust the pool),
+        and maybe key its full blocks at once (a prompt that fills its blocks)."""
+        groups = GROUPS if both_groups else (group,)
         hits: list[int] = []
-        groups = list(GROUPS) if data.draw(st.integers(0, 3)) == 0 else [group]
         for index in range(4):
-            h = chain_hash(family, index)
-            result = self._step("get_cached_block",
-                                lambda s, h=h: model.get_cached_block(s, h, groups),  # type: ignore[misc]
-                                lambda h=h: self.target.get_cached_block(h, groups))  # type: ignore[misc]
-            assert result is not None
-            expected, actual = result
-            expected_list = None if expected is None else list(expected)
-            assert actual == expected_list, f"get_cached_block({family}, {index}, {groups}): " \
-                f"target {actual}, spec {expected_list}"
-            if expected is None:
+            found = self.lockstep(model.GetCachedBlock(chain_hash(family, index), groups))
+            if found is None:
                 break
-            hits.append(expected[groups.index(group)])
+            hits.append(found[groups.index(group)])
             if len(groups) > 1:
                 event("hit across two groups")
         if len(groups) == 1:
-            self._check_prefix_lookup(family, group, hits, data.draw(st.integers(0, 5)))
+            hashes = tuple(chain_hash(family, index) for index in range(4))
+            self.lockstep(model.GetCachedPrefix(hashes, group, max_prefix))
         if hits:
-            was_free = [b for b in hits if self.spec.ref[b] == 0]
-            if was_free:
+            if any(self.spec.ref[b] == 0 for b in hits):
                 event("hit on a free (evictable) block")
             if any(self.spec.ref[b] > 0 for b in hits):
                 event("hit on a block in use (shared)")
-            self._step("touch", lambda s: model.touch(s, hits), lambda: self.target.touch(hits))
-        n = data.draw(st.integers(0, 4))
+            self.lockstep(model.Touch(tuple(hits)))
         free_before = model.num_free(self.spec)
-        evicting = [b for b in self.spec.free[:n] if self.spec.key_of[b] is not None]
-        result = self._step("get_new_blocks", lambda s: model.get_new_blocks(s, n),
-                            lambda: self.target.get_new_blocks(n))
-        if result is None:
+        if any(self.spec.key_of[b] is not None for b in self.spec.free[:num_new]):
+            event("allocation evicts a cached block")
+        allocated = self.lockstep(model.GetNewBlocks(num_new))
+        if isinstance(allocated, Refused):
             event("allocation refused: pool exhausted")
             if hits:
-                self._release(hits)
-            return
-        expected, actual = result
-        assert actual == list(expected), f"get_new_blocks({n}): target {actual}, spec {expected}"
-        assert pool_invariants.allocated_blocks_are_fresh(self.target_state(), tuple(actual)), \
-            f"invariant allocated_blocks_are_fresh violated by the target for {actual}"
-        if n and n == free_before:
+                self.lockstep(model.FreeBlocks(tuple(reversed(hits))))
+            return multiple()
+        self.just_allocated = allocated
+        if num_new and num_new == free_before:
             event("allocation took every free block")
-        if evicting:
-            event("allocation evicted a cached block")
-        holding = Holding(family, group, hits + list(expected), len(hits), lora_id,
-                          self._new_uid())
-        self.holdings.append(holding)
-        if data.draw(st.booleans()):
-            self._cache(holding, len(holding.blocks))
+        self.next_uid += 1
+        self.num_cached[self.next_uid] = len(hits)
+        held = Held(self.next_uid, family, group, tuple(hits) + allocated, lora_id)
+        if cache_now:
+            self.invariant_allocated_blocks_are_fresh()  # before caching keys them
+            self._cache(held, len(held.blocks))
+        return held
 
-    def _check_prefix_lookup(self, family: int, group: int, hits: list[int],
-                             max_blocks: int) -> None:
-        """The bulk lookup (where the target has one) is get_cached_block to the first miss."""
-        hashes = [chain_hash(family, index) for index in range(4)]
-        actual = self.target.get_cached_prefix(hashes, group, max_blocks)
-        if actual is not None:
-            assert actual == hits[:max_blocks], (
-                f"get_cached_prefix({family}, group {group}, max {max_blocks}): target "
-                f"{actual}, spec {hits[:max_blocks]}")
-
-    def _release(self, blocks: list[int]) -> None:
-        order = list(reversed(blocks))
-        self._step("free_blocks", lambda s: model.free_blocks(s, order),
-                   lambda: self.target.free_blocks(order))
-
-    @precondition(lambda self: self.holdings)
-    @rule(data=st.data())
-    def cache_full_blocks(self, data: st.DataObject) -> None:
-        """A request's newly full blocks get their chain keys (null blocks skipped)."""
-        holding = data.draw(st.sampled_from(self.holdings))
-        if holding.num_cached >= len(holding.blocks):
+    @rule(held=held, more=st.integers(0, 7))
+    def cache_full_blocks(self, held: Held, more: int) -> None:
+        """Some of a request's blocks became full: key them with their chain hashes (null
+        blocks skipped)."""
+        num_cached = self.num_cached[held.uid]
+        if num_cached >= len(held.blocks):
             return
-        self._cache(holding, data.draw(st.integers(holding.num_cached + 1, len(holding.blocks))))
+        self._cache(held, num_cached + 1 + more % (len(held.blocks) - num_cached))
 
-    def _cache(self, holding: Holding, num_full: int) -> None:
-        if holding.num_cached >= num_full:
+    def _cache(self, held: Held, num_full: int) -> None:
+        num_cached, blocks = self.num_cached[held.uid], held.blocks
+        if num_cached >= num_full:
             return
-        hashes = [chain_hash(holding.family, i) for i in range(len(holding.blocks))]
-        tokens = [t for i in range(holding.num_cached, num_full)
-                  for t in chain_tokens(holding.family, i)]
-        blocks, num_cached = list(holding.blocks), holding.num_cached
         if any(self.spec.key_of[b] is not None for b in blocks[num_cached:num_full]
                if b != NULL_BLOCK):
             return  # a hit block below num_full: caching it again is a bad call, made elsewhere
@@ -265,183 +212,183 @@ class PoolMachine(BoundedSteps):
             situation = "cache_full_blocks"
         if not self._allows(situation):
             return
-        self._step(
-            "cache_full_blocks",
-            lambda s: model.cache_full_blocks(s, blocks, hashes, num_cached, num_full,
-                                              holding.group, tokens, BLOCK_SIZE, holding.lora_id),
-            lambda: self.target.cache_full_blocks(blocks, hashes, num_cached, num_full,
-                                                  holding.group, tokens, BLOCK_SIZE,
-                                                  holding.lora_id))
-        holding.num_cached = num_full
+        hashes = tuple(chain_hash(held.family, i) for i in range(len(blocks)))
+        tokens = tuple(t for i in range(num_cached, num_full)
+                       for t in chain_tokens(held.family, i))
+        self.lockstep(model.CacheFullBlocks(blocks, hashes, num_cached, num_full, held.group,
+                                            tokens, BLOCK_SIZE, held.lora_id))
+        self.num_cached[held.uid] = num_full
         if NULL_BLOCK in blocks[num_cached:num_full]:
             event("cached a range with a null block in it")
-        if len(dict(self.spec.cached).get(model.make_key(hashes[num_full - 1], holding.group),
-                                          ())) > 1:
+        key = model.make_key(hashes[num_full - 1], held.group)
+        if len(dict(self.spec.cached).get(key, ())) > 1:
             event("same key cached in two blocks")
 
-    @precondition(lambda self: self.holdings)
-    @rule(data=st.data())
-    def slide_window(self, data: st.DataObject) -> None:
+    @rule(target=held, held=consumes(held))
+    def slide_window(self, held: Held) -> Held:
         """A sliding-window request drops its oldest block for the null block."""
-        holding = data.draw(st.sampled_from(self.holdings))
-        real = [i for i, b in enumerate(holding.blocks) if b != NULL_BLOCK]
+        real = [i for i, b in enumerate(held.blocks) if b != NULL_BLOCK]
         if not real:
-            return
+            return held
         index = real[0]
-        block = holding.blocks[index]
-        holding.blocks[index] = NULL_BLOCK
-        self._step("free_blocks", lambda s: model.free_blocks(s, [block]),
-                   lambda: self.target.free_blocks([block]))
+        self.lockstep(model.FreeBlocks((held.blocks[index],)))
         event("block replaced by the null block")
+        blocks = held.blocks[:index] + (NULL_BLOCK,) + held.blocks[index + 1:]
+        return replace(held, blocks=blocks)
 
-    @precondition(lambda self: self.holdings)
-    @rule(data=st.data(), reverse=st.sampled_from([True, True, True, False]))
-    def finish_request(self, data: st.DataObject, reverse: bool) -> None:
+    @rule(held=consumes(held), reverse=st.sampled_from([True, True, True, False]))
+    def finish_request(self, held: Held, reverse: bool) -> None:
         """A request ends: its blocks are freed, chain tail first (or, rarely, head first)."""
-        holding = data.draw(st.sampled_from(self.holdings))
-        self.holdings.remove(holding)
-        order = list(reversed(holding.blocks)) if reverse else list(holding.blocks)
-        self._step("free_blocks", lambda s: model.free_blocks(s, order),
-                   lambda: self.target.free_blocks(order))
+        order = tuple(reversed(held.blocks)) if reverse else held.blocks
+        self.lockstep(model.FreeBlocks(order))
+        del self.num_cached[held.uid]
         if NULL_BLOCK in order:
             event("freed a list with the null block in it")
         if model.num_free(self.spec) == self.spec.num_blocks - 1:
             event("pool fully free")
 
-    @rule(data=st.data())
-    def evict_blocks(self, data: st.DataObject) -> None:
+    @rule(block_ids=st.lists(st.integers(0, 15), max_size=3, unique=True))
+    def evict_blocks(self, block_ids: list[int]) -> None:
         """A KV connector evicts some blocks' keys."""
-        ids = data.draw(st.sets(st.integers(0, self.spec.num_blocks - 1), max_size=3))
-        # The same set object for both: the eviction order is the set's iteration order.
-        self._step("evict_blocks", lambda s: model.evict_blocks(s, ids),
-                   lambda: self.target.evict_blocks(ids))
+        n = self.spec.num_blocks
+        self.lockstep(model.EvictBlocks(tuple(dict.fromkeys(b % n for b in block_ids))))
 
     @rule(attempt=st.integers(0, 3))
     def reset_prefix_cache(self, attempt: int) -> None:
         """Reset the prefix cache (as after a weight update); tried on a quarter of draws."""
         if attempt:
             return
-        result = self._step("reset_prefix_cache", model.reset_prefix_cache,
-                            self.target.reset_prefix_cache)
-        assert result is not None
-        expected, actual = result
-        assert actual == expected, f"reset_prefix_cache: target {actual}, spec {expected}"
-        event(f"reset {'succeeded' if expected else 'refused: blocks in use'}")
+        done = self.lockstep(model.ResetPrefixCache())
+        event(f"reset {'succeeded' if done else 'refused: blocks in use'}")
 
     @precondition(lambda self: not self.consumer_stalls)
     @rule()
     def take_events(self) -> None:
-        result = self._step("take_events", model.take_events, self.target.take_events)
-        assert result is not None
-        expected, actual = result
-        self.target_taken += tuple(actual)
-        assert actual == list(expected), f"take_events: target {actual}, spec {list(expected)}"
+        """A consumer (a KV-aware router) takes the pending events."""
+        self.taken += self.lockstep(model.TakeEvents())
 
-    @rule(data=st.data())
-    def bad_call(self, data: st.DataObject) -> None:
-        """Calls the pool must refuse, leaving its state exactly as it was."""
-        s = self.spec
-        n = s.num_blocks
-        kind = data.draw(st.sampled_from(BAD_CALLS))
-        if not self._allows(f"bad call: {kind}"):
-            return
-        if kind == "free unreferenced":
-            candidates = [b for b in range(1, n) if s.ref[b] == 0]
-            if not candidates:
-                return
-            b = data.draw(st.sampled_from(candidates))
-            held = [h.blocks[0] for h in self.holdings if h.blocks and h.blocks[0]][:1]
-            ids = held + [b]
-            self._refuse(kind, lambda s: model.free_blocks(s, ids),
-                         lambda: self.target.free_blocks(ids))
-        elif kind in ("free outside pool", "touch outside pool"):
-            outside = data.draw(st.sampled_from([n, n + 1, 10_000, -1]))
-            ids = [outside]
-            if kind.startswith("free"):
-                self._refuse(kind, lambda s: model.free_blocks(s, ids),
-                             lambda: self.target.free_blocks(ids))
-            else:
-                self._refuse(kind, lambda s: model.touch(s, ids), lambda: self.target.touch(ids))
-        elif kind == "alloc negative":
-            self._refuse(kind, lambda s: model.get_new_blocks(s, -1),
-                         lambda: self.target.get_new_blocks(-1))
-        elif kind == "alloc too many":
-            k = model.num_free(s) + data.draw(st.integers(1, 3))
-            self._refuse(kind, lambda s: model.get_new_blocks(s, k),
-                         lambda: self.target.get_new_blocks(k))
-        elif kind == "cache a keyed block":
-            keyed = [b for b in range(1, n) if s.key_of[b] is not None]
-            if not keyed:
-                return
-            block = data.draw(st.sampled_from(keyed))
-            h = [chain_hash(NUM_FAMILIES, 0)]
-            self._refuse(kind,
-                         lambda s: model.cache_full_blocks(s, [block], h, 0, 1, 0, (0, 0),
-                                                           BLOCK_SIZE),
-                         lambda: self.target.cache_full_blocks([block], h, 0, 1, 0, [0, 0],
-                                                               BLOCK_SIZE, None))
-        elif kind in ("evict outside pool", "evict negative id"):
-            evicted = {data.draw(st.integers(n, n + 3)) if kind == "evict outside pool" else -1}
-            evicted |= {b for b in range(1, n) if s.key_of[b] is not None}  # all or none
-            self._refuse(kind, lambda s: model.evict_blocks(s, evicted),
-                         lambda: self.target.evict_blocks(evicted))
-        elif kind == "malformed hash":
-            bad: Any = data.draw(st.sampled_from(["not bytes", 12345, None]))
-            if not s.enable_caching:
-                return
-            blocks = [b for b in range(1, n) if s.key_of[b] is None][:1]
-            via_cache = data.draw(st.booleans())
-            if blocks and via_cache:
-                self._refuse(kind,
-                             lambda s: model.cache_full_blocks(s, blocks, [bad], 0, 1, 0, (0, 0),
-                                                               BLOCK_SIZE),
-                             lambda: self.target.cache_full_blocks(blocks, [bad], 0, 1, 0,
-                                                                   [0, 0], BLOCK_SIZE, None))
-            else:
-                self._refuse(kind, lambda s: model.get_cached_block(s, bad, [0]),
-                             lambda: self.target.get_cached_block(bad, [0]))
+    # -- rules: bad calls, each refused with a typed error and no change ------------------
 
-    def _refuse(self, name: str, spec_call: Callable[[PoolState], Any],
-                target_call: Callable[[], Any]) -> None:
-        try:
-            spec_call(self.spec)
-        except PoolError as refused:
-            self._expect_refusal(name, refused, target_call)
+    @precondition(bad_calls_now)
+    @rule(pick=st.integers(0, 15))
+    def bad_free_unreferenced(self, pick: int) -> None:
+        """Free a block in use together with a free one: nothing may be released."""
+        candidates = [b for b in range(1, self.spec.num_blocks) if self.spec.ref[b] == 0]
+        if not candidates or not self._allows("bad_free_unreferenced"):
             return
-        raise AssertionError(f"bad call {name!r} is not refused by the spec")
+        in_use = [b for b in range(1, self.spec.num_blocks) if self.spec.ref[b] > 0][:1]
+        self._refuse(model.FreeBlocks(tuple(in_use) + (candidates[pick % len(candidates)],)))
+
+    @precondition(bad_calls_now)
+    @rule(offset=st.sampled_from([0, 1, 10_000, -1]))
+    def bad_free_outside_pool(self, offset: int) -> None:
+        if self._allows("bad_free_outside_pool"):
+            self._refuse(model.FreeBlocks((self._outside(offset),)))
+
+    @precondition(bad_calls_now)
+    @rule(offset=st.sampled_from([0, 1, 10_000, -1]))
+    def bad_touch_outside_pool(self, offset: int) -> None:
+        if self._allows("bad_touch_outside_pool"):
+            self._refuse(model.Touch((self._outside(offset),)))
+
+    def _outside(self, offset: int) -> int:
+        return -1 if offset < 0 else self.spec.num_blocks + offset
+
+    @precondition(bad_calls_now)
+    @rule()
+    def bad_alloc_negative(self) -> None:
+        if self._allows("bad_alloc_negative"):
+            self._refuse(model.GetNewBlocks(-1))
+
+    @precondition(bad_calls_now)
+    @rule(extra=st.integers(1, 3))
+    def bad_alloc_too_many(self, extra: int) -> None:
+        if self._allows("bad_alloc_too_many"):
+            self._refuse(model.GetNewBlocks(model.num_free(self.spec) + extra))
+
+    @precondition(bad_calls_now)
+    @rule(pick=st.integers(0, 15))
+    def bad_cache_keyed_block(self, pick: int) -> None:
+        """Key a block that already has a key."""
+        keyed = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is not None]
+        if not keyed or not self._allows("bad_cache_keyed_block"):
+            return
+        block = keyed[pick % len(keyed)]
+        self._refuse(model.CacheFullBlocks((block,), (chain_hash(NUM_FAMILIES, 0),), 0, 1, 0,
+                                           (0, 0), BLOCK_SIZE))
+
+    @precondition(bad_calls_now)
+    @rule(offset=st.integers(0, 3))
+    def bad_evict_outside_pool(self, offset: int) -> None:
+        """Evict an id outside the pool beside every keyed block: all or none."""
+        if self._allows("bad_evict_outside_pool"):
+            self._refuse(model.EvictBlocks((self.spec.num_blocks + offset, *self._keyed())))
+
+    @precondition(bad_calls_now)
+    @rule()
+    def bad_evict_negative_id(self) -> None:
+        if self._allows("bad_evict_negative_id"):
+            self._refuse(model.EvictBlocks((-1, *self._keyed())))
+
+    def _keyed(self) -> tuple[int, ...]:
+        return tuple(b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is not None)
+
+    @precondition(bad_calls_now)
+    @rule(bad=st.sampled_from(["not bytes", 12345, None]), via_cache=st.booleans())
+    def bad_malformed_hash(self, bad: Any, via_cache: bool) -> None:
+        """A block hash that is not bytes, in a lookup or in cache_full_blocks."""
+        if not self.spec.enable_caching or not self._allows("bad_malformed_hash"):
+            return
+        unkeyed = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is None]
+        if unkeyed and via_cache:
+            self._refuse(model.CacheFullBlocks((unkeyed[0],), (bad,), 0, 1, 0, (0, 0),
+                                               BLOCK_SIZE))
+        else:
+            self._refuse(model.GetCachedBlock(bad, (0,)))
 
     # -- checks after every step ---------------------------------------------------------
-    # Hypothesis runs invariants in name order: the named invariants (on the target's state,
-    # then on the spec's) come before the whole-state comparison, so a broken invariant is
-    # reported by name.
+    # Hypothesis runs invariants in name order: the named invariants (on the target's state)
+    # come before the whole-state comparison, so a broken invariant is reported by name.
 
-    def _target_view(self) -> PoolView:
-        if self._view is None or self._view[0] != self._version:
-            self._view = (self._version, self.target.view())
-        return self._view[1]
+    def _target_view(self) -> tuple[PoolView, PoolState]:
+        """The target's view, and its state in the spec's terms (the abstraction function):
+        read once a step, whichever invariant asks first."""
+        key = len(self.lockstep.performed)
+        if self._views is None or self._views[0] != key:
+            view = self.adapter.view()
+            state = replace(self.spec, ref=view.ref, free=view.free, key_of=view.key_of,
+                            cached=view.cached, events=self.taken + view.pending_events,
+                            num_taken=len(self.taken))
+            self._views = (key, view, state)
+        return self._views[1], self._views[2]
 
     def target_state(self) -> PoolState:
-        """The target's state, through the abstraction function, in the spec's terms."""
-        key = (self._version, len(self.target_taken), id(self.spec))
-        if self._state is None or self._state[0] != key:
-            view = self._target_view()
-            self._state = (key, replace(
-                self.spec, ref=view.ref, free=view.free, key_of=view.key_of, cached=view.cached,
-                events=self.target_taken + view.pending_events, num_taken=len(self.target_taken)))
-        return self._state[1]
+        return self._target_view()[1]
+
+    @invariant()
+    def invariant_allocated_blocks_are_fresh(self) -> None:
+        """Blocks get_new_blocks just returned have ref count 1 and no key."""
+        allocated, self.just_allocated = self.just_allocated, ()
+        assert pool_invariants.allocated_blocks_are_fresh(self.target_state(), allocated), \
+            f"invariant allocated_blocks_are_fresh violated by the target for {allocated}"
 
     @invariant()
     def matches_spec_counts(self) -> None:
-        free, usage = self.target.get_num_free_blocks(), self.target.get_usage()
+        if self.lockstep.state is None:
+            return
+        free = self.adapter.perform(model.GetNumFreeBlocks())
+        usage = self.adapter.perform(model.GetUsage())
         assert free == model.num_free(self.spec), \
             f"get_num_free_blocks: target {free}, spec {model.num_free(self.spec)}"
-        assert abs(usage - model.usage(self.spec)) < 1e-12, \
+        assert isinstance(usage, float) and abs(usage - model.usage(self.spec)) < 1e-12, \
             f"get_usage: target {usage}, spec {model.usage(self.spec)}"
 
     @invariant()
     def matches_spec_event_collapses(self) -> None:
         """The pool's count of collapses into a snapshot (where it keeps one) is the spec's."""
-        actual = self.target.event_collapses()
+        if self.lockstep.state is None:
+            return
+        actual = self.adapter.event_collapses()
         if self.spec.num_collapses:
             event("pending events collapsed into a snapshot")
         assert actual is None or actual == self.spec.num_collapses, \
@@ -449,7 +396,9 @@ class PoolMachine(BoundedSteps):
 
     @invariant()
     def matches_spec_state(self) -> None:
-        actual, expected = self._target_view(), view_of(self.spec)
+        if self.lockstep.state is None:
+            return
+        actual, expected = self._target_view()[0], view_of(self.spec)
         if actual != expected:
             note(f"target: {actual}\nspec:   {expected}")
         assert actual.free == expected.free, \
@@ -461,25 +410,27 @@ class PoolMachine(BoundedSteps):
             f"pending events: target {actual.pending_events}, spec {expected.pending_events}"
 
 
-def _add_named_invariants(cls: type[PoolMachine]) -> None:
-    """One @invariant per predicate of spec.pool_invariants, checked on the target's state."""
-    for predicate in pool_invariants.ALL:
+def _add_named_invariants(cls: type[PoolMachine],
+                          predicates: tuple[Callable[[PoolState], bool], ...]) -> None:
+    """One @invariant per predicate, checked on the target's state (the spec's must equal it
+    by matches_spec_state, and the spec itself is checked exhaustively by explore.py and by
+    CrossHair)."""
+    for predicate in predicates:
         def check(self: PoolMachine, predicate: Any = predicate) -> None:
-            # On the target's state only: the spec's must equal it (matches_spec_state), and
-            # the spec itself is checked exhaustively (explore.py) and by CrossHair.
-            if not predicate(self.target_state()):
-                broken = pool_invariants.violated(self.target_state())
-                raise AssertionError(f"invariants violated by the target: {', '.join(broken)}")
+            if self.lockstep.state is None:
+                return
+            assert predicate(self.target_state()), \
+                f"invariant {predicate.__name__} violated by the target"
         check.__name__ = f"invariant_{predicate.__name__}"
         check.__doc__ = predicate.__doc__
         setattr(cls, check.__name__, invariant()(check))
 
 
-_add_named_invariants(PoolMachine)
+_add_named_invariants(PoolMachine, pool_invariants.ALL)
 
 
-def machine_for(make_target: Callable[[], PoolTarget],
+def machine_for(make_adapter: Callable[[], VllmApiPool],
                 profile: Profile = Profile.V0_13) -> type[PoolMachine]:
-    """A PoolMachine subclass that checks targets made by make_target against profile."""
+    """A PoolMachine subclass that checks adapters made by make_adapter against profile."""
     return type("PoolConformance", (PoolMachine,),
-                {"make_target": staticmethod(make_target), "profile": profile})
+                {"make_adapter": staticmethod(make_adapter), "profile": profile})

@@ -1,18 +1,21 @@
-"""Target adapters: how the conformance machine drives a block pool and reads its state back.
+"""Pool adapters: how the checker performs `spec.pool`'s commands on a block pool.
 
-A target speaks block ids; its adapter turns them into the target's block objects and turns
-the target's state back into a `PoolView` (the abstraction function). `VllmApiPool` drives any
-class with vLLM 0.13's BlockPool API: kvspec's impl/, vLLM itself, or a fork.
+A command speaks block ids; the adapter turns them into the target's block objects and turns
+the target's state back into a `PoolView` (the abstraction function, `pool_view`).
+`VllmApiPool` drives any class with vLLM 0.13's BlockPool API (kvspec's impl/, vLLM itself, a
+fork); `vllm_targets.Vllm033Pool` drives 0.33's. Each adapter also writes a command as a call
+on the pool's own API, for counterexamples (`lockstep.counterexample_source`).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from kvspec.spec import pool as model
+from kvspec.spec.conformance.lockstep import Unsupported
 from kvspec.spec.pool import NULL_BLOCK, Cleared, Event, Key, PoolState, Removed, Stored
 
 
@@ -31,35 +34,6 @@ def view_of(state: PoolState) -> PoolView:
     """The spec state as a target would show it."""
     return PoolView(state.ref, state.free, state.key_of, state.cached,
                     state.events[state.num_taken:])
-
-
-class PoolTarget(Protocol):
-    """The operations the conformance machine performs on a block pool, in block ids."""
-
-    name: str
-
-    def build(self, num_blocks: int, enable_caching: bool, enable_events: bool,
-              max_pending_events: int | None = None) -> None: ...
-    def supports_event_bound(self) -> bool: ...
-    def event_collapses(self) -> int | None: ...
-    def get_new_blocks(self, n: int) -> list[int]: ...
-    def free_blocks(self, block_ids: Sequence[int]) -> None: ...
-    def touch(self, block_ids: Sequence[int]) -> None: ...
-    def cache_full_blocks(
-        self, block_ids: Sequence[int], block_hashes: Sequence[bytes], num_cached: int,
-        num_full: int, group_id: int, token_ids: Sequence[int], block_size: int,
-        lora_id: int | None,
-    ) -> None: ...
-    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None: ...
-    def get_cached_prefix(
-        self, block_hashes: Sequence[bytes], group_id: int, max_blocks: int
-    ) -> list[int] | None: ...
-    def evict_blocks(self, block_ids: set[int]) -> None: ...
-    def reset_prefix_cache(self) -> bool: ...
-    def get_num_free_blocks(self) -> int: ...
-    def get_usage(self) -> float: ...
-    def take_events(self) -> list[Event]: ...
-    def view(self) -> PoolView: ...
 
 
 @dataclass
@@ -108,17 +82,72 @@ def spec_event(event: object) -> Event:
     raise TypeError(f"unexpected KV event {event!r}")
 
 
+def request_for(block_hashes: Sequence[bytes], token_ids: Sequence[int],
+                lora_id: int | None = None) -> _Request:
+    """The stand-in request vLLM 0.13's BlockPool.cache_full_blocks reads."""
+    lora = None if lora_id is None else _LoRA(lora_id)
+    return _Request(list(block_hashes), list(token_ids), lora)
+
+
+def ids(blocks: Any) -> tuple[int, ...]:
+    """Block objects as their ids."""
+    return tuple(b.block_id for b in blocks)
+
+
+def ids_or_none(blocks: Any) -> tuple[int, ...] | None:
+    return None if blocks is None else ids(blocks)
+
+
+def spec_events(events: Any) -> tuple[Event, ...]:
+    return tuple(spec_event(e) for e in events)
+
+
+def _map_entries(pool: Any) -> list[tuple[Key, tuple[int, ...]]]:
+    cache_map = pool.cached_block_hash_to_block
+    if hasattr(cache_map, "items"):
+        return [(k, tuple(b.block_id for b in v)) for k, v in cache_map.items()]
+    entries = []
+    for key, value in cache_map._cache.items():  # vLLM: a bare block or {id: block}
+        blocks = list(value.values()) if isinstance(value, dict) else [value]
+        entries.append((key, tuple(b.block_id for b in blocks)))
+    return entries
+
+
+def pool_view(pool: Any) -> PoolView:
+    """A BlockPool's state in the spec's terms (the abstraction function).
+
+    vLLM 0.33 can give a block secondary keys (``cached_block_hashes_by_block``); the spec
+    allows one key a block, so the first secondary key is shown in place of the primary one
+    and the comparison fails there.
+    """
+    blocks = list(pool.blocks)
+    ref = tuple(0 if i == NULL_BLOCK else b.ref_cnt for i, b in enumerate(blocks))
+    free = tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
+    key_of = [b.block_hash for b in blocks]
+    for block_id, keys in (getattr(pool, "cached_block_hashes_by_block", None) or {}).items():
+        if keys and 0 <= block_id < len(key_of):
+            key_of[block_id] = sorted(keys)[0]
+    cached = tuple(sorted(_map_entries(pool)))
+    pending = tuple(spec_event(e) for e in getattr(pool, "kv_event_queue", []))
+    return PoolView(ref, free, tuple(key_of), cached, pending)
+
+
 class VllmApiPool:
-    """Drives a class with vLLM 0.13's BlockPool API, found as ``module:Class``.
+    """Performs pool commands on a class with vLLM 0.13's BlockPool API (``module:Class``).
 
     ``block_module`` names where KVCacheBlock lives (for blocks foreign to the pool).
     """
 
+    variable = "pool"
+    flat_touch = False  # 0.13: touch takes a tuple of per-group block lists
+
     def __init__(self, pool_path: str = "kvspec.impl.block_pool:BlockPool",
                  block_module: str = "kvspec.impl.kv_cache_utils", name: str = "impl",
                  hash_block_size: int = 2) -> None:
+        self.pool_path = pool_path
         module_name, _, class_name = pool_path.partition(":")
         self.pool_class: Any = getattr(importlib.import_module(module_name), class_name)
+        self.block_module = block_module
         self.block_class: Any = importlib.import_module(block_module).KVCacheBlock
         self.name = name
         self.hash_block_size = hash_block_size
@@ -126,13 +155,73 @@ class VllmApiPool:
         self.num_blocks = 0
         self._event_bound: bool | None = None  # supports_event_bound(), once known
 
-    def build(self, num_blocks: int, enable_caching: bool, enable_events: bool,
-              max_pending_events: int | None = None) -> None:
-        self.num_blocks = num_blocks
-        bound = {} if max_pending_events is None else {
-            "max_pending_kv_events": max_pending_events}
-        self.pool = self.pool_class(num_blocks, enable_caching, self.hash_block_size,
-                                    enable_kv_cache_events=enable_events, **bound)
+    # -- the commands --------------------------------------------------------------------
+
+    def perform(self, command: Any) -> object:
+        """Run one `spec.pool` command on the pool; the output in the spec's terms."""
+        c = command
+        if isinstance(c, model.NewPool):
+            self.num_blocks = c.num_blocks
+            bound = {} if c.max_pending_events is None else {
+                "max_pending_kv_events": c.max_pending_events}
+            self.pool = self.pool_class(c.num_blocks, c.enable_caching, self.hash_block_size,
+                                        enable_kv_cache_events=c.enable_events, **bound)
+            return None
+        pool = self.pool
+        if isinstance(c, model.GetNewBlocks):
+            return ids(pool.get_new_blocks(c.n))
+        if isinstance(c, model.FreeBlocks):
+            pool.free_blocks(self._block(i) for i in c.block_ids)
+            return None
+        if isinstance(c, model.Touch):
+            blocks = [self._block(i) for i in c.block_ids]
+            pool.touch(blocks if self.flat_touch else (blocks,))
+            return None
+        if isinstance(c, model.CacheFullBlocks):
+            pool.cache_full_blocks(self._request(c), [self._block(i) for i in c.block_ids],
+                                   c.num_cached, c.num_full, c.block_size, c.group_id)
+            return None
+        if isinstance(c, model.GetCachedBlock):
+            return ids_or_none(pool.get_cached_block(c.block_hash, list(c.group_ids)))
+        if isinstance(c, model.GetCachedPrefix):
+            lookup = getattr(pool, "get_cached_prefix", None)
+            if lookup is None:
+                raise Unsupported("the pool has no bulk prefix lookup (vLLM's has none)")
+            return ids(lookup(list(c.block_hashes), c.group_id, c.max_blocks))
+        if isinstance(c, model.EvictBlocks):
+            pool.evict_blocks(set(c.block_ids))
+            return None
+        if isinstance(c, model.ResetPrefixCache):
+            return bool(pool.reset_prefix_cache())
+        if isinstance(c, model.TakeEvents):
+            return spec_events(pool.take_events())
+        if isinstance(c, model.GetNumFreeBlocks):
+            return int(pool.get_num_free_blocks())
+        if isinstance(c, model.GetUsage):
+            return float(pool.get_usage())
+        raise LookupError(f"not a pool command: {command!r}")
+
+    def _block(self, block_id: int) -> Any:
+        if 0 <= block_id < self.num_blocks:
+            return self.pool.blocks[block_id]
+        return self.block_class(block_id)  # a block this pool never made
+
+    def _tokens(self, command: model.CacheFullBlocks) -> list[int]:
+        """The request's tokens: the cached blocks' (never read) and the new blocks'."""
+        return [0] * (command.num_cached * command.block_size) + list(command.token_ids)
+
+    def _request(self, command: model.CacheFullBlocks) -> Any:
+        """The stand-in request cache_full_blocks reads (a release may read more fields)."""
+        return request_for(command.block_hashes, self._tokens(command), command.lora_id)
+
+    def view(self) -> PoolView:
+        return pool_view(self.pool)
+
+    def check_representation(self) -> None:
+        """The pool's own representation check, where it has one (impl's ``_check()``)."""
+        check = getattr(self.pool, "_check", None)
+        if check is not None:
+            check()
 
     def supports_event_bound(self) -> bool:
         """Whether the pool class takes kvspec's bound on pending events (vLLM's does not):
@@ -152,97 +241,71 @@ class VllmApiPool:
         count = getattr(self.pool, "num_kv_event_collapses", None)
         return None if count is None else int(count)
 
-    def _block(self, block_id: int) -> Any:
+    # -- the commands as calls on the pool's own API (counterexamples) -------------------
+
+    def imports(self) -> list[str]:
+        module_name, _, class_name = self.pool_path.partition(":")
+        return [f"from {module_name} import {class_name}",
+                f"from {self.block_module} import KVCacheBlock",
+                "from kvspec.spec.conformance.targets import (PoolView, ids, ids_or_none, "
+                "pool_view, request_for,\n    spec_events)",
+                "from kvspec.spec.pool import Cleared, Removed, Stored"]
+
+    def _block_source(self, block_id: int) -> str:
         if 0 <= block_id < self.num_blocks:
-            return self.pool.blocks[block_id]
-        return self.block_class(block_id)  # a block this pool never made
+            return f"pool.blocks[{block_id}]"
+        return f"KVCacheBlock({block_id})"
 
-    def get_new_blocks(self, n: int) -> list[int]:
-        return [b.block_id for b in self.pool.get_new_blocks(n)]
+    def _blocks_source(self, block_ids: Sequence[int]) -> str:
+        return "[" + ", ".join(self._block_source(i) for i in block_ids) + "]"
 
-    def free_blocks(self, block_ids: Sequence[int]) -> None:
-        self.pool.free_blocks(self._block(i) for i in block_ids)
+    def call_source(self, command: Any) -> str:
+        c = command
+        if isinstance(c, model.NewPool):
+            self.num_blocks = c.num_blocks
+            bound = ("" if c.max_pending_events is None
+                     else f", max_pending_kv_events={c.max_pending_events}")
+            return (f"{self.pool_path.partition(':')[2]}({c.num_blocks}, {c.enable_caching}, "
+                    f"{self.hash_block_size}, enable_kv_cache_events={c.enable_events}{bound})")
+        if isinstance(c, model.GetNewBlocks):
+            return f"pool.get_new_blocks({c.n})"
+        if isinstance(c, model.FreeBlocks):
+            return f"pool.free_blocks({self._blocks_source(c.block_ids)})"
+        if isinstance(c, model.Touch):
+            blocks = self._blocks_source(c.block_ids)
+            return f"pool.touch({blocks if self.flat_touch else f'({blocks},)'})"
+        if isinstance(c, model.CacheFullBlocks):
+            request = (f"request_for({list(c.block_hashes)!r}, {self._tokens(c)!r}, "
+                       f"{c.lora_id!r})")
+            return (f"pool.cache_full_blocks({request}, {self._blocks_source(c.block_ids)}, "
+                    f"{c.num_cached}, {c.num_full}, {c.block_size}, {c.group_id})")
+        if isinstance(c, model.GetCachedBlock):
+            return f"pool.get_cached_block({c.block_hash!r}, {list(c.group_ids)!r})"
+        if isinstance(c, model.GetCachedPrefix):
+            return (f"pool.get_cached_prefix({list(c.block_hashes)!r}, {c.group_id}, "
+                    f"{c.max_blocks})")
+        if isinstance(c, model.EvictBlocks):
+            return f"pool.evict_blocks({set(c.block_ids) or 'set()'})"
+        if isinstance(c, model.ResetPrefixCache):
+            return "pool.reset_prefix_cache()"
+        if isinstance(c, model.TakeEvents):
+            return "pool.take_events()"
+        if isinstance(c, model.GetNumFreeBlocks):
+            return "pool.get_num_free_blocks()"
+        return "pool.get_usage()"
 
-    def touch(self, block_ids: Sequence[int]) -> None:
-        self.pool.touch(([self._block(i) for i in block_ids],))
+    def output_source(self, command: Any, expression: str) -> str:
+        if isinstance(command, (model.GetNewBlocks, model.GetCachedPrefix)):
+            return f"ids({expression})"
+        if isinstance(command, model.GetCachedBlock):
+            return f"ids_or_none({expression})"
+        if isinstance(command, model.TakeEvents):
+            return f"spec_events({expression})"
+        return expression
 
-    def cache_full_blocks(
-        self, block_ids: Sequence[int], block_hashes: Sequence[bytes], num_cached: int,
-        num_full: int, group_id: int, token_ids: Sequence[int], block_size: int,
-        lora_id: int | None,
-    ) -> None:
-        tokens = [0] * (num_cached * block_size) + list(token_ids)
-        request = self._request(list(block_hashes), tokens, lora_id)
-        self.pool.cache_full_blocks(request, [self._block(i) for i in block_ids], num_cached,
-                                    num_full, block_size, group_id)
+    def view_source(self) -> str:
+        return "pool_view(pool)"
 
-    def _request(self, block_hashes: list[bytes], tokens: list[int], lora_id: int | None) -> Any:
-        """The stand-in request cache_full_blocks reads (a release may read more fields)."""
-        return _Request(block_hashes, tokens, None if lora_id is None else _LoRA(lora_id))
-
-    def get_cached_block(self, block_hash: bytes, group_ids: Sequence[int]) -> list[int] | None:
-        found = self.pool.get_cached_block(block_hash, list(group_ids))
-        return None if found is None else [b.block_id for b in found]
-
-    def get_cached_prefix(
-        self, block_hashes: Sequence[bytes], group_id: int, max_blocks: int
-    ) -> list[int] | None:
-        """kvspec's bulk lookup; None for a pool without one (vLLM)."""
-        lookup = getattr(self.pool, "get_cached_prefix", None)
-        if lookup is None:
-            return None
-        return [b.block_id for b in lookup(list(block_hashes), group_id, max_blocks)]
-
-    def evict_blocks(self, block_ids: set[int]) -> None:
-        self.pool.evict_blocks(block_ids)
-
-    def reset_prefix_cache(self) -> bool:
-        return bool(self.pool.reset_prefix_cache())
-
-    def get_num_free_blocks(self) -> int:
-        return int(self.pool.get_num_free_blocks())
-
-    def get_usage(self) -> float:
-        return float(self.pool.get_usage())
-
-    def take_events(self) -> list[Event]:
-        return [spec_event(e) for e in self.pool.take_events()]
-
-    def _map_entries(self) -> list[tuple[Key, tuple[int, ...]]]:
-        cache_map = self.pool.cached_block_hash_to_block
-        if hasattr(cache_map, "items"):
-            return [(k, tuple(b.block_id for b in v)) for k, v in cache_map.items()]
-        entries = []
-        for key, value in cache_map._cache.items():  # vLLM: a bare block or {id: block}
-            blocks = list(value.values()) if isinstance(value, dict) else [value]
-            entries.append((key, tuple(b.block_id for b in blocks)))
-        return entries
-
-    def view(self) -> PoolView:
-        pool = self.pool
-        blocks = [pool.blocks[i] for i in range(self.num_blocks)]
-        ref = tuple(0 if i == NULL_BLOCK else b.ref_cnt for i, b in enumerate(blocks))
-        free = tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
-        key_of = tuple(b.block_hash for b in blocks)
-        cached = tuple(sorted(self._map_entries()))
-        pending = tuple(spec_event(e) for e in getattr(pool, "kv_event_queue", []))
-        return PoolView(ref, free, key_of, cached, pending)
-
-
-def target_from_name(name: str) -> VllmApiPool:
-    """``impl``, ``vllm`` (whatever vLLM is importable) or ``package.module:Class``."""
-    if name == "impl":
-        return VllmApiPool()
-    if name == "vllm":
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        return VllmApiPool("vllm.v1.core.block_pool:BlockPool", "vllm.v1.core.kv_cache_utils",
-                           name="vllm")
-    if ":" in name:
-        module_name = name.partition(":")[0]
-        block_module = module_name.rsplit(".", 1)[0] + ".kv_cache_utils"
-        try:
-            importlib.import_module(block_module)
-        except ImportError:
-            block_module = "kvspec.impl.kv_cache_utils"
-        return VllmApiPool(name, block_module, name=name)
-    raise LookupError(f"unknown target {name!r}: use impl, vllm or package.module:Class")
+    def check_source(self) -> str | None:
+        """The pool's own representation check, where its class has one."""
+        return "pool._check()" if hasattr(self.pool_class, "_check") else None

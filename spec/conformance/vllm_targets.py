@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.spec.conformance.targets import PoolTarget, PoolView, VllmApiPool
+from kvspec.spec.conformance.targets import VllmApiPool
 
 VLLM_POOL = "vllm.v1.core.block_pool:BlockPool"
 IMPL_POOL = "kvspec.impl.block_pool:BlockPool"
@@ -50,7 +50,8 @@ def _no_vllm_message() -> str:
 
 
 def load_class(path: str) -> Any:
-    """The class named by ``package.module:Class``."""
+    """The class named by ``package.module:Class``; `TargetError` when there is none (no such
+    module, a module that fails to import, no such name, or a name that is not a class)."""
     module_name, _, class_name = path.partition(":")
     if not module_name or not class_name:
         raise TargetError(f"target {path!r} is not of the form package.module:Class")
@@ -61,10 +62,18 @@ def load_class(path: str) -> Any:
             raise TargetError(_no_vllm_message()) from error
         raise TargetError(f"cannot import module {module_name!r} of target {path!r}: "
                           f"{error}") from error
+    except Exception as error:  # the module itself raised while importing
+        raise TargetError(f"cannot import module {module_name!r} of target {path!r}: "
+                          f"{type(error).__name__}: {error}") from error
     try:
-        return getattr(module, class_name)
+        found = getattr(module, class_name)
     except AttributeError as error:
         raise TargetError(f"module {module_name!r} has no class {class_name!r}") from error
+    if not isinstance(found, type):
+        raise TargetError(
+            f"target {path!r} names {type(found).__name__} {class_name!r}, not a class: use "
+            f"package.module:Class naming a class with vLLM's API, or impl or vllm")
+    return found
 
 
 def has_flat_touch_api(pool_class: Any, block_class: Any) -> bool:
@@ -108,7 +117,7 @@ class _Request033:
 
 
 class Vllm033Pool(VllmApiPool):
-    """Drives a class with vLLM 0.33's BlockPool API.
+    """Performs pool commands on a class with vLLM 0.33's BlockPool API.
 
     The differences from 0.13's, which `VllmApiPool` drives: ``touch`` takes a flat list;
     ``cache_full_blocks`` reads more request fields; a block can carry secondary keys
@@ -116,24 +125,25 @@ class Vllm033Pool(VllmApiPool):
     The null block's ref count is never changed by 0.33, and ignored by the view anyway.
     """
 
-    def touch(self, block_ids: Sequence[int]) -> None:
-        self.pool.touch([self._block(i) for i in block_ids])
+    flat_touch = True
 
-    def _request(self, block_hashes: list[bytes], tokens: list[int], lora_id: int | None) -> Any:
-        return _Request033(block_hashes, tokens, None if lora_id is None else _LoRA033(lora_id))
+    def _request(self, command: Any) -> Any:
+        return request_for_033(command.block_hashes, self._tokens(command), command.lora_id)
 
-    def view(self) -> PoolView:
-        view = super().view()
-        secondary = getattr(self.pool, "cached_block_hashes_by_block", None)
-        if not secondary:
-            return view
-        # A block with secondary keys has more than one key: the spec allows one, so show
-        # the first secondary key in place of the primary one and let the comparison fail.
-        key_of = list(view.key_of)
-        for block_id, keys in secondary.items():
-            if keys and 0 <= block_id < len(key_of):
-                key_of[block_id] = sorted(keys)[0]
-        return PoolView(view.ref, view.free, tuple(key_of), view.cached, view.pending_events)
+    def imports(self) -> list[str]:
+        return [*super().imports(),
+                "from kvspec.spec.conformance.vllm_targets import request_for_033"]
+
+    def call_source(self, command: Any) -> str:
+        source = super().call_source(command)
+        return source.replace("(request_for(", "(request_for_033(")
+
+
+def request_for_033(block_hashes: Sequence[bytes], token_ids: Sequence[int],
+                    lora_id: int | None = None) -> _Request033:
+    """The stand-in request vLLM 0.33's BlockPool.cache_full_blocks reads."""
+    return _Request033(list(block_hashes), list(token_ids),
+                       None if lora_id is None else _LoRA033(lora_id))
 
 
 # --- Picking the target ----------------------------------------------------------------------
@@ -149,7 +159,7 @@ class PoolTargetInfo:
     flat_touch_api: bool
     vllm_version: str | None
 
-    def make(self) -> PoolTarget:
+    def make(self) -> VllmApiPool:
         adapter = Vllm033Pool if self.flat_touch_api else VllmApiPool
         return adapter(self.pool_path, self.block_module, name=self.name)
 

@@ -1,0 +1,196 @@
+"""Operations as data: one command vocabulary, run in lock step on the spec and a target.
+
+Every layer of the checker (free queue, hash map, pool, manager, block table) is the same
+three things:
+
+- **commands**: frozen dataclasses, one per operation of the component's public API
+  (`spec.pool.GetNewBlocks(2)`, `spec.pool.FreeBlocks((2, 1))`, ...). The first command of a
+  program builds the component (`spec.pool.NewPool(...)`).
+- **a spec step**: ``step(state, command) -> (state, output)``, a pure function in spec/
+  (one per component). A call the component must refuse raises a ``ValueError`` or
+  ``LookupError`` subclass and changes nothing.
+- **an adapter** (`Adapter`): performs the same command on a target (``perform``), reads the
+  target's state back in the spec's terms (``view``), runs the target's own representation
+  check where it has one (``check_representation``, impl's ``_check()``), and writes the
+  command as a call on the target's own API (``call_source``), for counterexamples.
+
+`Lockstep` runs one command on both and raises `Discrepancy` where they differ: outputs,
+refusals (same base class, a message, the state left exactly as it was), representation.
+The Hypothesis machines, the exhaustive explorer, the CrossHair program contract and the
+audit all speak these commands; `counterexample_source` turns a program into a pytest file
+of plain target API calls with the spec's expected values written in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+REFUSALS: tuple[type[Exception], ...] = (ValueError, LookupError)
+
+S = TypeVar("S")
+C = TypeVar("C")
+C_contra = TypeVar("C_contra", contravariant=True)
+
+StepFunction = Callable[[Any, Any], tuple[Any, Any]]
+
+
+class Discrepancy(AssertionError):
+    """The target and the spec disagree on one command."""
+
+
+class Unsupported(Exception):
+    """Raised by an adapter for a command its target's API does not have (vLLM has no
+    ``get_cached_prefix``, say): the command is checked on the spec only."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The output of a refused command: the base class a caller catches, and the spec's
+    exception type (for the report)."""
+
+    base: str  # "ValueError" or "LookupError"
+    spec_error: str = field(compare=False, default="")
+
+
+class Adapter(Protocol[C_contra]):
+    """How the checker drives one target of one layer."""
+
+    variable: str  # the name the target object has in a written counterexample ("pool")
+
+    def perform(self, command: C_contra) -> object:
+        """Run command on the target; the output in the spec's terms."""
+
+    def view(self) -> object:
+        """The target's abstract state, in the spec's terms (comparable with the spec's)."""
+
+    def check_representation(self) -> None:
+        """The target's own representation invariant (impl's ``_check()``); nothing where the
+        target has none."""
+
+    def imports(self) -> list[str]:
+        """The import lines a written counterexample needs."""
+
+    def call_source(self, command: C_contra) -> str:
+        """The command as a Python expression on the target's own API (the object is
+        ``self.variable``); for the build command, the constructor call."""
+
+    def output_source(self, command: C_contra, expression: str) -> str:
+        """An expression that turns ``expression`` (the target's raw output of command) into
+        the spec's terms."""
+
+    def view_source(self) -> str:
+        """An expression that reads the target's view (as ``view()`` returns it)."""
+
+
+def refusal_base(error: BaseException) -> str:
+    """The caller-visible class of a refusal: ``LookupError`` or ``ValueError``."""
+    return "LookupError" if isinstance(error, LookupError) else "ValueError"
+
+
+class Lockstep(Generic[S]):
+    """A spec state and a target, stepped together one command at a time.
+
+    ``performed`` is the program so far (the build command first): what the audit writes out.
+    """
+
+    def __init__(self, step: StepFunction, adapter: Adapter[Any]) -> None:
+        self.step = step
+        self.adapter = adapter
+        self.state: S | None = None
+        self.performed: list[Any] = []
+
+    def __call__(self, command: Any) -> Any:
+        """Run command on both; return the spec's output (a `Refused` for a refused call)."""
+        self.performed.append(command)
+        try:
+            new_state, expected = self.step(self.state, command)
+        except REFUSALS as refused:
+            self._expect_refusal(command, refused)
+            return Refused(refusal_base(refused), type(refused).__name__)
+        try:
+            actual = self.adapter.perform(command)
+        except Unsupported:
+            self.state = new_state
+            return expected
+        except REFUSALS as error:
+            raise Discrepancy(f"{command}: the spec accepts it (output {expected!r}); the "
+                              f"target refused with {type(error).__name__}: {error}") from error
+        self.state = new_state
+        if actual != expected:
+            raise Discrepancy(f"{command}: target {actual!r}, spec {expected!r}")
+        self.adapter.check_representation()
+        return expected
+
+    def _expect_refusal(self, command: Any, refused: Exception) -> None:
+        before = self.adapter.view()
+        base = refusal_base(refused)
+        try:
+            self.adapter.perform(command)
+        except Unsupported:
+            return
+        except REFUSALS as error:
+            if refusal_base(error) != base:
+                raise Discrepancy(
+                    f"{command}: spec refuses with {type(refused).__name__} ({refused}); target "
+                    f"raised {type(error).__name__}, not a {base}: {error}") from error
+            if not str(error):
+                raise Discrepancy(f"{command}: {type(error).__name__} without a message") \
+                    from error
+        else:
+            raise Discrepancy(f"{command}: spec refuses ({type(refused).__name__}: {refused}) "
+                              f"but the target accepted it")
+        if self.adapter.view() != before:
+            raise Discrepancy(f"{command}: a refused call changed the target's state")
+        self.adapter.check_representation()
+
+
+def run_program(step: StepFunction, program: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """The spec's (state, output) after each command of program (a refusal: `Refused`)."""
+    state: Any = None
+    trace = []
+    for command in program:
+        try:
+            state, output = step(state, command)
+        except REFUSALS as refused:
+            output = Refused(refusal_base(refused), type(refused).__name__)
+        trace.append((state, output))
+    return trace
+
+
+def counterexample_source(step: StepFunction, program: Sequence[Any], adapter: Adapter[Any],
+                          view_of: Callable[[Any], object], docstring: str,
+                          test_name: str = "test_counterexample",
+                          preamble: Sequence[str] = (), fixtures: Sequence[str] = ()) -> str:
+    """A pytest file that runs program as calls on the target's own API, each followed by
+    what the spec says: the output, the refusal, the target's view. Nothing of the checker
+    runs in it but the view reader; it runs with plain ``pytest`` from any directory."""
+    trace = run_program(step, program)
+    lines = [f'"""{docstring}"""', "", *(list(preamble) + [""] if preamble else []),
+             "import pytest", "", *adapter.imports(), "", ""]
+    if fixtures:
+        lines += [*fixtures, "", ""]
+    lines.append(f"def {test_name}() -> None:")
+    check = getattr(adapter, "check_source", lambda: None)()
+    target = adapter.variable
+    previous: object = None
+    for number, (command, (state, output)) in enumerate(zip(program, trace, strict=True)):
+        call = adapter.call_source(command)
+        if number == 0:
+            lines.append(f"    {target} = {call}")
+        elif isinstance(output, Refused):
+            lines.append(f"    with pytest.raises({output.base}):  # the spec: "
+                         f"{output.spec_error}")
+            lines.append(f"        {call}")
+        elif output is None:
+            lines.append(f"    {call}")
+        else:
+            lines.append(f"    assert {adapter.output_source(command, call)} == {output!r}")
+        view = view_of(state)
+        if view != previous:  # the state read back wherever the spec says it changed
+            lines.append(f"    assert {adapter.view_source()} == {view!r}")
+            previous = view
+        if check:
+            lines.append(f"    {check}")
+    return "\n".join(lines) + "\n"
