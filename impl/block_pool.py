@@ -169,6 +169,12 @@ class BlockHashToBlockMap:
         block_hash, group_id = _split_key(key)
         if not isinstance(block, KVCacheBlock):
             raise BlockNotInPoolError(f"only a KVCacheBlock can be cached, got {block!r}")
+        # A block has at most one key. The pool keys only unkeyed blocks and calls _insert;
+        # this public entry checks, by a scan (it is off the pool's hot path).
+        for mapped_key, blocks in self.items():
+            if any(b is block for b in blocks):
+                raise BlockAlreadyCachedError(
+                    f"block {block.block_id} is already cached under key {mapped_key!r}")
         self._insert(group_id, block_hash, block)
 
     def pop(
@@ -196,6 +202,33 @@ class BlockHashToBlockMap:
             suffix = group_id.to_bytes(4, "big")
             for block_hash in group:
                 yield block_hash + suffix, self._blocks(group_id, block_hash)
+
+    def _check(self) -> None:
+        """The representation invariant, for tests and debugging (O(blocks)); raises an
+        ``AssertionError`` naming the broken property. No ``assert``: it runs under -O.
+
+        Every ``_later`` list extends a key that has a first block, and is not empty; no
+        block is cached twice (under one key or two)."""
+        for group_id, group in self._groups.items():
+            if type(group_id) is not int or not 0 <= group_id < 2**32:
+                raise AssertionError(f"hash map: group id {group_id!r} is not a 4-byte int")
+            for block_hash, block in group.items():
+                if type(block_hash) is not bytes or not isinstance(block, KVCacheBlock):
+                    raise AssertionError(f"hash map: entry {block_hash!r} -> {block!r} is not "
+                                         f"bytes -> KVCacheBlock")
+        for (group_id, block_hash), later in self._later.items():
+            if not later:
+                raise AssertionError(f"hash map: empty later list under group {group_id} "
+                                     f"hash {block_hash!r}")
+            if block_hash not in self._groups.get(group_id, {}):
+                raise AssertionError(f"hash map: later blocks under group {group_id} hash "
+                                     f"{block_hash!r}, which has no first block")
+        seen: set[KVCacheBlock] = set()
+        for _, blocks in self.items():
+            for block in blocks:
+                if block in seen:
+                    raise AssertionError(f"hash map: block {block.block_id} is cached twice")
+                seen.add(block)
 
     def _blocks(self, group_id: int, block_hash: bytes) -> list[KVCacheBlock]:
         first = self._groups.get(group_id, {}).get(block_hash)
@@ -730,6 +763,60 @@ class BlockPool:
             if self.max_pending_kv_events is not None:
                 self._bound_kv_events()
         return True
+
+    def _check(self) -> None:
+        """The representation invariant, for tests and debugging (O(blocks)); raises an
+        ``AssertionError`` naming the broken property. No ``assert``: it runs under -O.
+
+        Ref counts: ``_shared`` is within ``_in_use`` and a block's ``_extra_refs`` is
+        positive exactly while it is shared. The free queue holds exactly the pool's blocks
+        that are not in use, but the null block. Keys: ``_key_of`` and ``_group_of`` list
+        exactly the blocks the map holds, each under its own key."""
+        queue, in_use, shared = self.free_block_queue, self._in_use, self._shared
+        queue._check()
+        if not shared <= in_use:
+            raise AssertionError(f"block pool: shared blocks not in use: "
+                                 f"{sorted(b.block_id for b in shared - in_use)}")
+        for block in self._objects:
+            if block is None:
+                continue
+            if block._pool is not self:
+                raise AssertionError(f"block pool: block {block.block_id} belongs elsewhere")
+            if (block._extra_refs > 0) != (block in shared) or block._extra_refs < 0:
+                raise AssertionError(f"block pool: block {block.block_id} has extra refs "
+                                     f"{block._extra_refs} but is "
+                                     f"{'' if block in shared else 'not '}shared")
+        null = self.null_block
+        if null in in_use or null in self._key_of:
+            raise AssertionError("block pool: the null block is in use or keyed")
+        if any(block._pool is not self for block in in_use):
+            raise AssertionError("block pool: a block in use belongs to another pool")
+        free = queue.get_all_free_blocks()
+        free_set = set(free)
+        if null in free_set or not free_set.isdisjoint(in_use) or any(
+                block._pool is not self for block in free_set):
+            raise AssertionError("block pool: the free queue holds the null block, a block in "
+                                 "use or another pool's block")
+        if len(free) + len(in_use) != self.num_gpu_blocks - 1:
+            raise AssertionError(f"block pool: {len(free)} free and {len(in_use)} in use do "
+                                 f"not add up to {self.num_gpu_blocks - 1} blocks")
+        if not self._group_of.keys() <= self._key_of.keys() or 0 in self._group_of.values():
+            raise AssertionError("block pool: _group_of lists a block without a key, or group 0")
+        cache_map = self.cached_block_hash_to_block
+        cache_map._check()
+        mapped: dict[KVCacheBlock, bytes] = {}
+        for key, blocks in cache_map.items():
+            for block in blocks:
+                mapped[block] = key
+        if mapped.keys() != self._key_of.keys():
+            raise AssertionError(f"block pool: the map holds blocks "
+                                 f"{sorted(b.block_id for b in mapped)} but _key_of keys "
+                                 f"{sorted(b.block_id for b in self._key_of)}")
+        for block, block_hash in self._key_of.items():
+            key = block_hash + self._group_of.get(block, 0).to_bytes(4, "big")
+            if mapped[block] != key:
+                raise AssertionError(f"block pool: block {block.block_id} is keyed {key!r} but "
+                                     f"mapped under {mapped[block]!r}")
 
     # -- accounting ----------------------------------------------------------------------
 

@@ -513,6 +513,53 @@ class FreeKVCacheBlockQueue:
     def __iter__(self) -> Iterator[KVCacheBlock]:
         return iter(self.get_all_free_blocks())
 
+    def _check(self) -> None:
+        """The representation invariant, for tests and debugging (O(entries)); raises an
+        ``AssertionError`` naming the broken property. No ``assert``: it runs under -O.
+
+        The free order is the fresh run then the live entries of ``_entries[_head:]``; a
+        block's entries there are all stale but its newest (``_stale`` counts the stale ones),
+        so each block has at most one live entry, and ``num_free_blocks`` counts the fresh
+        run and the live entries."""
+        entries, stale = self._entries, self._stale
+        if not 0 <= self._head <= len(entries):
+            raise AssertionError(f"free queue: head {self._head} outside the "
+                                 f"{len(entries)} entries")
+        if not 0 <= self._fresh_next <= self._fresh_end:
+            raise AssertionError(f"free queue: fresh run [{self._fresh_next}, "
+                                 f"{self._fresh_end}) is not a range")
+        fresh = self._fresh_end - self._fresh_next
+        if fresh and self._materialize is None:
+            raise AssertionError("free queue: a fresh run without a way to make its blocks")
+        if any(count < 1 for count in stale.values()):
+            raise AssertionError(f"free queue: stale counts must be positive, got "
+                                 f"{sorted(stale.values())}")
+        if sum(stale.values()) != self._num_stale:
+            raise AssertionError(f"free queue: stale count total {self._num_stale} is not the "
+                                 f"sum of the stale counts {sum(stale.values())}")
+        occurrences: dict[KVCacheBlock, int] = {}
+        for block in entries[self._head :]:
+            occurrences[block] = occurrences.get(block, 0) + 1
+        for block, count in stale.items():
+            if count > occurrences.get(block, 0):
+                raise AssertionError(f"free queue: block {block.block_id} has {count} stale "
+                                     f"entries but {occurrences.get(block, 0)} entries")
+        live = self._live_entries()
+        if len({id(block) for block in live}) != len(live):
+            raise AssertionError("free queue: a block has two live entries (queued twice)")
+        if len(live) + fresh != self.num_free_blocks:
+            raise AssertionError(f"free queue: num_free_blocks {self.num_free_blocks} is not the "
+                                 f"live entries ({len(live)}) plus the fresh run ({fresh})")
+        if fresh and any(self._fresh_next <= b.block_id < self._fresh_end for b in live):
+            raise AssertionError("free queue: a block is both in the fresh run and an entry")
+        if self._marks_members:
+            live_blocks = set(live)
+            if any(block._queue is not self for block in live):
+                raise AssertionError("free queue: a live entry's block is not marked as queued")
+            if any(block._queue is self for block in occurrences if block not in live_blocks):
+                raise AssertionError("free queue: a block with only stale entries is still "
+                                     "marked as queued")
+
     def _neighbour(self, block: KVCacheBlock, step: int) -> KVCacheBlock | None:
         """The block ``step`` (-1 or 1) places from ``block`` in vLLM's linked list: the free
         blocks between the head and tail sentinels. O(free)."""

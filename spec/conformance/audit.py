@@ -50,7 +50,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Written by `python -m tests.mutants`: one entry per mutant, with its checker and verdict.
 MUTATION_CACHE = REPO_ROOT / "build" / "mutants.json"
 COUNTEREXAMPLE_DIR = Path("build") / "audit"
-LAYER_NAMES = ("pool", "manager", "block-table")
+LAYER_NAMES = ("free-queue", "hash-map", "pool", "manager", "block-table")
 
 # --- Layers ------------------------------------------------------------------------------------
 
@@ -118,11 +118,42 @@ def _build_manager(target: str, profile: Profile) -> LayerMachine:
         notes=tuple(f"layout left out: {reason}" for reason in left_out))
 
 
+def _component_layer(module_name: str, target: str, api: str) -> LayerMachine:
+    """A layer whose machine module offers ``adapter_for(target)`` and ``machine_for``: the
+    free queue, the hash map and the block tables (the same machine under every profile:
+    what they do does not differ between the releases kvspec follows)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"kvspec.spec.conformance.{module_name}")
+    except ModuleNotFoundError as error:
+        raise LayerUnavailable(f"no {module_name} in this checkout ({error})") from error
+    make_adapter = module.adapter_for(target)
+    adapter = make_adapter()
+    target_class = getattr(adapter, "target_path", None) or getattr(
+        adapter, "target_class", None) or target
+    return LayerMachine(module.machine_for(make_adapter), str(target_class), api,
+                        frozenset(getattr(module, "OUT_OF_CONTRACT", ())))
+
+
+def _build_free_queue(target: str, profile: Profile) -> LayerMachine:
+    return _component_layer("free_queue_machine", target, "vLLM FreeKVCacheBlockQueue API")
+
+
+def _build_hash_map(target: str, profile: Profile) -> LayerMachine:
+    return _component_layer("hash_map_machine", target, "vLLM BlockHashToBlockMap API")
+
+
 def _build_block_table(target: str, profile: Profile) -> LayerMachine:
-    raise LayerUnavailable("no block-table conformance machine in spec/conformance yet")
+    return _component_layer("block_table_machine", target,
+                            "vLLM BlockTable / MultiGroupBlockTable API")
 
 
 LAYERS: dict[str, Layer] = {
+    "free-queue": Layer("free-queue", "FreeKVCacheBlockQueue: the free order on its own",
+                        "tests/test_free_queue_machine.py", _build_free_queue),
+    "hash-map": Layer("hash-map", "BlockHashToBlockMap: the prefix-cache map on its own",
+                      "tests/test_hash_map_machine.py", _build_hash_map),
     "pool": Layer("pool", "BlockPool: allocation, ref counts, free order, prefix-cache keys, "
                   "events", "tests/test_pool_machine.py", _build_pool),
     "manager": Layer("manager", "KVCacheManager: hits, allocate_slots, free, per-group "
@@ -142,9 +173,13 @@ def layers_for(layer: str, target: str) -> list[str]:
             return ["manager"]
         if "Table" in class_name:
             return ["block-table"]
+        if "Queue" in class_name:
+            return ["free-queue"]
+        if "Map" in class_name:
+            return ["hash-map"]
         return ["pool"]
     if layer not in LAYERS:
-        raise TargetError(f"unknown layer {layer!r}: use pool, manager, block-table or all")
+        raise TargetError(f"unknown layer {layer!r}: use {', '.join(LAYER_NAMES)} or all")
     return [layer]
 
 
@@ -519,11 +554,12 @@ def _rule_names(machine: type[RuleBasedStateMachine]) -> set[str]:
 
 def _excludable(failure: Failure, machine: type[RuleBasedStateMachine]) -> bool:
     """Whether the audit may exclude what failed and look further: a bad-call rule (named
-    ``bad_*``), or a named situation inside a rule; never an ordinary rule or invariant."""
+    ``bad_*``, or listed in the machine's ``bad_call_rules``), or a named situation inside a
+    rule; never an ordinary rule or invariant."""
     situation = failure.situation
     if not situation or failure.kind == "run":
         return False
-    if situation.startswith("bad_"):
+    if situation.startswith("bad_") or situation in getattr(machine, "bad_call_rules", ()):
         return True
     return situation != failure.check and situation not in _rule_names(machine)
 
