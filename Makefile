@@ -37,7 +37,7 @@ compile: $(STAMP)
 	@mkdir -p build && touch $(COMPILED)
 
 audit: setup
-	$(VENV)/bin/kvspec audit --target impl --profile vllm-0.13
+	$(VENV)/bin/kvspec audit --target impl --profile vllm-0.13 --seed 1
 
 test: setup
 	$(PY) -m pytest

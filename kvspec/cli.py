@@ -6,9 +6,10 @@ progress bar on stderr, then prints a table of every rule, situation and invaria
 steps it checked and its verdict, the mutation score of each machine, and every failure with
 its shrunk program, which it also writes out as a runnable pytest file.
 
-Exit status: 0 when the target conforms, 1 when it does not, 2 on a usage or set-up error.
-With ``--baseline FILE`` (a previous ``--json`` result) the discrepancies FILE lists count as
-known: the status is 0 unless a new one appears.
+Exit status: 0 when the target conforms, 1 when it does not, 2 on a usage or set-up error
+(bad arguments, or a target that cannot be imported, is not a class, or cannot be built: one
+line on stderr, never a conformance failure). With ``--baseline FILE`` (a previous ``--json``
+result) the discrepancies FILE lists count as known: the status is 0 unless a new one appears.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ against kvspec's executable spec. TARGET is impl (kvspec's implementation), vllm
 this Python imports: build one with `make vllm-env VLLM=0.13.0` and run
 .venv-vllm-0.13.0/bin/kvspec) or package.module:Class (a class with vLLM's BlockPool API,
 e.g. a patched fork). The profile says which vLLM release's behaviour the spec follows."""
+
+_AUDIT_EPILOG = f"""\
+exit status:
+  {EXIT_CONFORMS}  the target conforms (with --baseline: no discrepancy beyond the known ones)
+  {EXIT_DOES_NOT_CONFORM}  the target does not conform: discrepancies, each with its program
+  {EXIT_USAGE}  usage error: bad arguments, or a target that cannot be imported, is not a class
+     or cannot be built (one line on stderr; nothing was audited)"""
 
 
 def _positive_seconds(text: str) -> float:
@@ -59,7 +67,8 @@ def add_audit_parser(subparsers: Any) -> None:
     """Add the ``audit`` sub-command to ``subparsers``."""
     parser = subparsers.add_parser(
         "audit", help="audit a block pool / KV-cache manager against the spec",
-        description=_AUDIT_DESCRIPTION)
+        description=_AUDIT_DESCRIPTION, epilog=_AUDIT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="impl",
                         help="impl, vllm or package.module:Class (default impl)")
     parser.add_argument("--profile", default="vllm-0.13", choices=["vllm-0.13", "vllm-0.33"],
@@ -68,7 +77,8 @@ def add_audit_parser(subparsers: Any) -> None:
                         metavar="SECONDS",
                         help=f"wall-clock time for the whole audit (default {DEFAULT_BUDGET:g})")
     parser.add_argument("--layer", default="auto",
-                        choices=["auto", "pool", "manager", "block-table", "all"],
+                        choices=["auto", "free-queue", "hash-map", "pool", "manager",
+                                 "block-table", "all"],
                         help="which machines to run (default: every layer for impl/vllm, "
                         "the pool for a class)")
     parser.add_argument("--scope", default="all", choices=["all", "contract"],
@@ -82,7 +92,9 @@ def add_audit_parser(subparsers: Any) -> None:
     parser.add_argument("--baseline", metavar="FILE",
                         help="a previous --json result: its discrepancies count as known, and "
                         "the exit status is 0 unless a new one appears")
-    parser.add_argument("--seed", type=int, help="Hypothesis seed (default: random)")
+    parser.add_argument("--seed", type=int,
+                        help="Hypothesis seed: the same seed and budget draw the same programs "
+                        "(default: random; the report shows the one used)")
     parser.add_argument("--step-deadline", type=_deadline_seconds, metavar="SECONDS",
                         help="a step (a rule, or the invariant checks after it) that has not "
                         "returned after SECONDS is a discrepancy, reported with its program "
@@ -145,7 +157,6 @@ def run_audit_command(args: argparse.Namespace) -> int:
     )
     from kvspec.spec.conformance.deadline import configured_seconds
     from kvspec.spec.conformance.profiles import load_profile
-    from kvspec.spec.conformance.vllm_targets import TargetError
     from kvspec.spec.pool import Profile
 
     load_profile()
@@ -163,18 +174,14 @@ def run_audit_command(args: argparse.Namespace) -> int:
             print(f"kvspec audit: error: {error}", file=sys.stderr)
             return EXIT_USAGE
     progress = None if args.no_progress else ProgressBar(sys.stderr, args.budget)
-    try:
+    try:  # a TargetError (a target that cannot be loaded or built) goes up to main: exit 2
         audit = run_audit(args.target, profile, args.budget, layer=args.layer, scope=args.scope,
                           seed_base=args.seed,
                           progress=None if progress is None else progress.update,
                           step_deadline=step_deadline)
-    except TargetError as error:
+    finally:
         if progress is not None:
             progress.finish()
-        print(f"kvspec audit: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    if progress is not None:
-        progress.finish()
     if not audit.audited:
         reasons = "; ".join(f"{r.layer}: {r.reason}" for r in audit.layers)
         print(f"kvspec audit: error: nothing to audit for target {args.target!r} ({reasons})",
@@ -223,7 +230,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except LookupError as error:
+        # A target that cannot be imported, is not a class or cannot be built, wherever it is
+        # found out: a usage error (exit 2, one line), never a conformance failure (exit 1).
+        from kvspec.spec.conformance.vllm_targets import TargetError
+
+        if not isinstance(error, TargetError):
+            raise
+        print(f"kvspec {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     return result
 
 

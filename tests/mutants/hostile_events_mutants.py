@@ -152,7 +152,7 @@ MUTANTS: list[Mutant] = [
     _mutant("hostile_pool_event_hash_as_hex", pool_event_hash_as_hex, HOSTILE,
             "test_what_the_pool_builds_always_decodes"),
     _mutant("event_snapshot_forgets_cleared", snapshot_forgets_cleared, MACHINE,
-            "events_replay_to_cached_keys"),
+            "pending events: target"),
     _mutant("event_snapshot_drops_a_block", snapshot_drops_a_block, MACHINE,
             "events_replay_to_cached_keys"),
     _mutant("events_never_collapse", events_never_collapse, MACHINE,

@@ -47,8 +47,11 @@ def free_forward_order() -> None:
 def eviction_leaves_key_in_map() -> None:
     """Evicting a block resets its key but leaves it listed under the key in the map."""
     def evict_all(self: BlockPool, keyed: list[KVCacheBlock]) -> None:
-        for block in keyed:
-            self._key_of.pop(block)
+        hashes = [self._key_of.pop(block) for block in keyed]
+        if self.enable_kv_cache_events:  # the events are right: only the map is wrong
+            self.kv_event_queue.extend(
+                BlockRemoved(block_hashes=[maybe_convert_block_hash(BlockHash(h))],
+                             medium=MEDIUM_GPU) for h in hashes)
     replace(BlockPool, "_evict_all", evict_all)
 
 
@@ -66,11 +69,12 @@ def cache_keys_keyed_block() -> None:
 
 def null_block_enters_free_queue() -> None:
     """free_blocks() forgets to skip the null block, which lands in the free queue."""
+    original = BlockPool.free_blocks
+
     def free_blocks(self: BlockPool, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         blocks = list(ordered_blocks)
-        real = [b for b in blocks if b is not self.null_block]
-        BlockPool._free_one_by_one(self, real)
-        if len(real) != len(blocks):
+        original(self, blocks)
+        if any(b is self.null_block for b in blocks):
             self.free_block_queue._extend([self.null_block])
     replace(BlockPool, "free_blocks", free_blocks)
 
@@ -243,9 +247,11 @@ def evict_requeues_free_block() -> None:
 
 
 def free_block_reports_negative_ref() -> None:
-    """A free block reports ref_cnt -1 (a 'free' sentinel leaking out of the layout)."""
+    """A shared block reports a negative ref_cnt (its extra references subtracted)."""
     def ref_count(self: BlockPool, block: KVCacheBlock) -> int:
-        return block._extra_refs + 1 if block in self._in_use else -1
+        if block not in self._in_use:
+            return 0
+        return -(block._extra_refs + 1) if block._extra_refs else 1
     replace(BlockPool, "_ref_count", ref_count)
 
 
@@ -333,13 +339,13 @@ def prefix_lookup_skips_a_miss() -> None:
 
 MUTANTS = [
     Mutant("touch_keeps_free_block_queued", "touch leaves a hit free block in the free queue",
-           touch_keeps_free_block_queued, MACHINE, "free_iff_unreferenced"),
+           touch_keeps_free_block_queued, MACHINE, "but the target accepted it"),
     Mutant("free_forward_order", "blocks queued in reverse of the order freed",
            free_forward_order, MACHINE, "free order: target"),
     Mutant("eviction_leaves_key_in_map", "eviction resets the key, the map keeps the block",
            eviction_leaves_key_in_map, MACHINE, "key_map_agrees_with_block_keys"),
     Mutant("cache_keys_keyed_block", "a keyed block gets keyed again",
-           cache_keys_keyed_block, MACHINE, "cache a keyed block"),
+           cache_keys_keyed_block, MACHINE, "spec refuses (AlreadyCached"),
     Mutant("null_block_enters_free_queue", "the null block enters the free queue",
            null_block_enters_free_queue, MACHINE, "free_order_within_pool"),
     Mutant("null_block_gets_keyed", "cache_full_blocks keys the null block",
@@ -349,15 +355,15 @@ MUTANTS = [
     Mutant("popleft_n_loses_count_on_error", "popleft_n loses the count on error",
            popleft_n_loses_count_on_error, MACHINE, "get_num_free_blocks: target"),
     Mutant("reset_succeeds_with_blocks_in_use", "reset succeeds with blocks in use",
-           reset_succeeds_with_blocks_in_use, MACHINE, "reset_prefix_cache: target"),
+           reset_succeeds_with_blocks_in_use, MACHINE, "ResetPrefixCache(): target True"),
     Mutant("no_event_on_eviction", "no BlockRemoved event on eviction",
            no_event_on_eviction, MACHINE, "events_replay_to_cached_keys"),
     Mutant("lookup_returns_last_inserted", "a lookup returns the last block cached under a key",
-           lookup_returns_last_inserted, MACHINE, "get_cached_block("),
+           lookup_returns_last_inserted, MACHINE, "GetCachedBlock("),
     Mutant("prefix_lookup_skips_a_miss", "the bulk prefix lookup goes on past a miss",
-           prefix_lookup_skips_a_miss, MACHINE, "get_cached_prefix("),
+           prefix_lookup_skips_a_miss, MACHINE, "GetCachedPrefix("),
     Mutant("lookup_not_all_or_nothing", "a lookup hits when only some groups hit",
-           lookup_not_all_or_nothing, MACHINE, "get_cached_block("),
+           lookup_not_all_or_nothing, MACHINE, "GetCachedBlock("),
     Mutant("free_is_not_atomic", "a refused free has already released some blocks",
            free_is_not_atomic, MACHINE, "refused call changed"),
     Mutant("alloc_keeps_stale_key", "an allocated block keeps its old key",
@@ -368,14 +374,14 @@ MUTANTS = [
            empty_key_entry_left_behind, MACHINE, "no_empty_key_entries"),
     Mutant("evict_requeues_free_block", "evict_blocks queues a free block a second time",
            evict_requeues_free_block, MACHINE, "free_order_has_no_duplicates"),
-    Mutant("free_block_reports_negative_ref", "a free block reports ref_cnt -1",
+    Mutant("free_block_reports_negative_ref", "a shared block reports a negative ref_cnt",
            free_block_reports_negative_ref, MACHINE, "ref_counts_nonnegative"),
     Mutant("take_events_keeps_queue", "take_events does not clear the queue",
-           take_events_keeps_queue, MACHINE, "events_replay_to_cached_keys"),
+           take_events_keeps_queue, MACHINE, "pending events: target"),
     Mutant("alloc_hands_out_tail_first", "get_new_blocks returns its blocks in reverse order",
-           alloc_hands_out_tail_first, MACHINE, "get_new_blocks("),
+           alloc_hands_out_tail_first, MACHINE, "GetNewBlocks(n="),
     Mutant("take_events_newest_first", "take_events hands out events newest first",
-           take_events_newest_first, MACHINE, "take_events: target"),
+           take_events_newest_first, MACHINE, "TakeEvents(): target"),
     Mutant("stored_event_wrong_parent", "BlockStored carries the wrong parent hash",
            stored_event_wrong_parent, MACHINE, "pending events: target"),
     Mutant("evict_out_of_range_not_atomic", "a refused evict has already evicted some keys",
