@@ -173,6 +173,9 @@ def run_audit_command(args: argparse.Namespace) -> int:
         except BaselineError as error:
             print(f"kvspec audit: error: {error}", file=sys.stderr)
             return EXIT_USAGE
+    if ":" in args.target and os.getcwd() not in sys.path:
+        # A class of the project the audit runs in (as ``python -m`` would find it).
+        sys.path.insert(0, os.getcwd())
     progress = None if args.no_progress else ProgressBar(sys.stderr, args.budget)
     try:  # a TargetError (a target that cannot be loaded or built) goes up to main: exit 2
         audit = run_audit(args.target, profile, args.budget, layer=args.layer, scope=args.scope,

@@ -227,8 +227,24 @@ def adapter_for(target: str) -> Callable[[], QueueAdapter]:
 # --- The machine -------------------------------------------------------------------------------
 
 
+BAD_CALL_RULES = frozenset({
+    "append_n_listing_a_block_twice",
+    "append_n_with_a_queued_block",
+    "append_queued",
+    "popleft_empty",
+    "popleft_n_more_than_free",
+    "popleft_n_negative",
+    "popleft_n_not_an_int",
+    "remove_unqueued",
+})
+# Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
+OUT_OF_CONTRACT = BAD_CALL_RULES
+
+
 class FreeQueueMachine(BoundedSteps):
     """Runs a queue adapter against `spec.free_queue`; subclasses set ``make_adapter``."""
+
+    bad_call_rules = BAD_CALL_RULES  # each must be refused; an audit may exclude one it reported
 
     make_adapter: Callable[[], QueueAdapter]
     excluded: frozenset[str] = frozenset()  # bad-call rules an audit has already reported

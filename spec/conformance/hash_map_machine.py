@@ -143,8 +143,22 @@ def adapter_for(target: str) -> Callable[[], MapAdapter]:
     return lambda: MapAdapter(classes)
 
 
+BAD_CALL_RULES = frozenset({
+    "get_one_block_malformed_key",
+    "insert_block_already_under_key",
+    "insert_block_under_second_key",
+    "insert_malformed_key",
+    "pop_block_id_not_an_int",
+    "pop_malformed_key",
+})
+# Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
+OUT_OF_CONTRACT = BAD_CALL_RULES
+
+
 class HashMapMachine(BoundedSteps):
     """Runs a map adapter against `spec.hash_map`; subclasses set ``make_adapter``."""
+
+    bad_call_rules = BAD_CALL_RULES  # each must be refused; an audit may exclude one it reported
 
     make_adapter: Callable[[], MapAdapter]
     excluded: frozenset[str] = frozenset()  # bad-call rules an audit has already reported
