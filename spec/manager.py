@@ -35,24 +35,43 @@ late NotImplementedError (cross-attention with prefix caching) are refused when 
 
 from __future__ import annotations
 
+import hashlib
 import math
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from kvspec.spec import attention_rules as rules, pool as P
+from kvspec.spec import attention_rules as rules, hashing as H, pool as P
 from kvspec.spec.pool import NULL_BLOCK, BlockId, PoolState
 
 __all__ = [
+    "AddRequest",
+    "AllocateSlots",
+    "AppendTokens",
     "BadAllocation",
     "BadConfig",
+    "CacheBlocks",
+    "EvictBlocks",
+    "Free",
+    "GetBlockIds",
+    "GetComputedBlocks",
+    "GetNumCommonPrefixBlocks",
     "GroupSpec",
+    "Hashing",
     "Kind",
     "ManagerConfig",
     "ManagerError",
     "ManagerState",
+    "NewManager",
+    "Request",
     "RequestView",
+    "ResetPrefixCache",
+    "Session",
+    "SetComputedTokens",
+    "TakeEvents",
     "UnknownRequest",
+    "Usage",
     "allocate_slots",
     "cache_blocks",
     "coarse_hashes",
@@ -63,6 +82,7 @@ __all__ = [
     "get_num_common_prefix_blocks",
     "new_manager",
     "reset_prefix_cache",
+    "step",
     "take_events",
     "usage",
     "violated",
@@ -805,3 +825,288 @@ def violated(state: ManagerState, requests: Mapping[str, RequestView] | None = N
     names.extend(f"pool.{name}" for name in pool_invariants.violated(state.pool))
     return names
 
+
+
+# --- Requests and their block hashes (spec.hashing) --------------------------------------------
+# The manager reads a request's block hashes; a request computes them itself (its block hasher)
+# as its tokens arrive. The spec computes them too, from the request's tokens, LoRA adapter and
+# cache salt, so that a target's hashing is checked rather than trusted.
+
+
+def sha256_pickle(value: object) -> bytes:
+    """vLLM's ``sha256``: SHA-256 of the value pickled with the highest protocol."""
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+HASH_FUNCTIONS = {"sha256": sha256_pickle}
+
+
+def lora_name(lora_id: int) -> str:
+    """The command vocabulary's LoRA adapter ``lora_id``: named ``lora-<id>``..."""
+    return f"lora-{lora_id}"
+
+
+def lora_path(lora_id: int) -> str:
+    """... at path ``/lora/<id>``."""
+    return f"/lora/{lora_id}"
+
+
+@dataclass(frozen=True)
+class Hashing:
+    """How a target hashes requests' blocks: the hash function (by vLLM's name), the seed of
+    every chain (``PYTHONHASHSEED`` when ``init_none_hash`` ran: ``NONE_HASH`` is the hash of
+    the seed string) and how extra keys are written (vLLM 0.13: untagged; impl's default and
+    vLLM 0.33: tagged)."""
+
+    key_format: H.KeyFormat = H.KeyFormat.TAGGED
+    hash_seed: str = "0"
+    hash_name: str = "sha256"
+
+    @property
+    def hash_fn(self) -> H.HashFunction:
+        return HASH_FUNCTIONS[self.hash_name]
+
+    @property
+    def none_hash(self) -> bytes:
+        return self.hash_fn(self.hash_seed)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request as a scheduler holds it: its tokens, how many are computed, its tenant, and
+    the hashes of its full blocks of ``hash_block_size`` tokens."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    output: tuple[int, ...] = ()
+    num_computed_tokens: int = 0
+    lora: int | None = None
+    salt: str | None = None
+    block_hashes: tuple[bytes, ...] = ()
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        return self.prompt + self.output
+
+    def view(self) -> RequestView:
+        return RequestView(self.request_id, len(self.token_ids), self.num_computed_tokens,
+                           self.block_hashes, self.token_ids, self.lora)
+
+
+def extend_block_hashes(hashing: Hashing, block_size: int, request: Request) -> Request:
+    """The request with the hashes of its full blocks not hashed yet appended (a request
+    block hasher's call: extra keys LoRA and salt, chained onto the last hash)."""
+    tokens = request.token_ids
+    done = len(request.block_hashes)
+    if (done + 1) * block_size > len(tokens):
+        return request
+    lora = request.lora
+    extras = H.new_blocks_extra_keys(
+        len(tokens), block_size, done, None if lora is None else lora_name(lora), (), (), (),
+        request.salt, None, hashing.key_format, "" if lora is None else lora_path(lora))
+    new = H.chain_hashes(hashing.hash_fn, hashing.none_hash,
+                         tokens[done * block_size:(done + len(extras)) * block_size],
+                         block_size, extras, request.block_hashes[-1] if done else None)
+    return replace(request, block_hashes=request.block_hashes + new)
+
+
+# --- Operations as data (spec.conformance.lockstep) --------------------------------------------
+# One frozen value per call a scheduler makes: on the manager (vLLM 0.13's KVCacheManager API)
+# and on its requests (creating one, appending tokens, setting num_computed_tokens). `step` runs
+# one on a `Session`: the manager state with the requests and each request's last lookup.
+
+
+@dataclass(frozen=True)
+class NewManager:
+    """Build a manager. ``layout`` names the target's KV-cache config (a target builds it
+    from the name; the spec reads ``config``); ``hashing`` is how the target hashes."""
+
+    config: ManagerConfig
+    hashing: Hashing = Hashing()
+    layout: str = ""
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """A new request (its block hasher hashes the prompt's full blocks)."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    lora: int | None = None
+    salt: str | None = None
+
+
+@dataclass(frozen=True)
+class AppendTokens:
+    """Tokens generated for the request (its block hasher hashes the blocks they fill)."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SetComputedTokens:
+    """The scheduler sets ``request.num_computed_tokens``."""
+
+    request_id: str
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class GetComputedBlocks:
+    """Look up the request's cached prefix; the result is kept as its hits."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class AllocateSlots:
+    """``allocate_slots``; ``with_hits`` passes the last lookup result of request
+    ``hits_of`` (the request itself when empty) as ``new_computed_blocks``."""
+
+    request_id: str
+    num_new_tokens: int
+    num_new_computed_tokens: int = 0
+    with_hits: bool = False
+    num_lookahead_tokens: int = 0
+    delay_cache_blocks: bool = False
+    num_encoder_tokens: int = 0
+    hits_of: str = ""
+
+
+@dataclass(frozen=True)
+class Free:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class CacheBlocks:
+    request_id: str
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class EvictBlocks:
+    """Evict the keys of a set of blocks (a KV connector's call)."""
+
+    block_ids: tuple[BlockId, ...]
+
+
+@dataclass(frozen=True)
+class GetNumCommonPrefixBlocks:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class GetBlockIds:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ResetPrefixCache:
+    pass
+
+
+@dataclass(frozen=True)
+class TakeEvents:
+    pass
+
+
+@dataclass(frozen=True)
+class Usage:
+    pass
+
+
+ManagerCommand = (NewManager | AddRequest | AppendTokens | SetComputedTokens | GetComputedBlocks
+                  | AllocateSlots | Free | CacheBlocks | EvictBlocks | GetNumCommonPrefixBlocks
+                  | GetBlockIds | ResetPrefixCache | TakeEvents | Usage)
+
+Requests = tuple[tuple[str, Request], ...]  # sorted by id
+Lookups = tuple[tuple[str, GroupBlocks], ...]  # request id -> its last lookup's blocks
+
+
+@dataclass(frozen=True)
+class Session:
+    """The manager and what its scheduler holds: the requests (every one ever added, for the
+    hash check) and each request's last lookup result."""
+
+    manager: ManagerState
+    hashing: Hashing
+    requests: Requests = ()
+    hits: Lookups = ()
+
+    def request(self, request_id: str) -> Request:
+        found = _lookup(self.requests, request_id)
+        if found is None:
+            raise UnknownRequest(f"no request {request_id!r}")
+        return found  # type: ignore[return-value]
+
+    def request_views(self) -> dict[str, RequestView]:
+        return {rid: request.view() for rid, request in self.requests}
+
+
+def _with_request(session: Session, request: Request) -> Session:
+    return replace(session, requests=_put(session.requests, request.request_id,  # type: ignore[arg-type]
+                                          request))
+
+
+def step(session: Session | None, command: ManagerCommand) -> tuple[Session, object]:
+    """One command: the new session and the command's output (None for calls that return
+    nothing; block lists as ids per group). A refused command raises a `ManagerError` (or a
+    pool error) and changes nothing."""
+    if isinstance(command, NewManager):
+        return Session(new_manager(command.config), command.hashing), None
+    if session is None:
+        raise BadConfig(f"{command} before the manager is built")
+    state = session.manager
+    bs = state.config.hash_block_size
+    c = command
+    if isinstance(c, AddRequest):
+        request = Request(c.request_id, tuple(c.prompt), lora=c.lora, salt=c.salt)
+        session = replace(session, hits=_drop(session.hits, c.request_id))  # type: ignore[arg-type]
+        return _with_request(session, extend_block_hashes(session.hashing, bs, request)), None
+    if isinstance(c, AppendTokens):
+        request = session.request(c.request_id)
+        request = replace(request, output=request.output + tuple(c.token_ids))
+        return _with_request(session, extend_block_hashes(session.hashing, bs, request)), None
+    if isinstance(c, SetComputedTokens):
+        request = replace(session.request(c.request_id), num_computed_tokens=c.num_tokens)
+        return _with_request(session, request), None
+    if isinstance(c, GetComputedBlocks):
+        found_hits, num_hit = get_computed_blocks(state, session.request(c.request_id).view())
+        lookups = _put(session.hits, c.request_id, found_hits)
+        return replace(session, hits=lookups), (found_hits, num_hit)  # type: ignore[arg-type]
+    if isinstance(c, AllocateSlots):
+        view = session.request(c.request_id).view()
+        hits: GroupBlocks | None = None
+        if c.with_hits:
+            found = _lookup(session.hits, c.hits_of or c.request_id)
+            if found is None:
+                raise UnknownRequest(f"no lookup result for request "
+                                     f"{c.hits_of or c.request_id!r}")
+            hits = found  # type: ignore[assignment]
+        state, new = allocate_slots(state, view, c.num_new_tokens, c.num_new_computed_tokens,
+                                    hits, c.num_lookahead_tokens, c.delay_cache_blocks,
+                                    c.num_encoder_tokens)
+        return replace(session, manager=state), new
+    if isinstance(c, Free):
+        return replace(session, manager=free(state, c.request_id)), None
+    if isinstance(c, CacheBlocks):
+        state = cache_blocks(state, session.request(c.request_id).view(), c.num_tokens)
+        return replace(session, manager=state), None
+    if isinstance(c, EvictBlocks):
+        pool = P.evict_blocks(state.pool, set(c.block_ids))
+        return replace(session, manager=replace(state, pool=pool)), None
+    if isinstance(c, GetNumCommonPrefixBlocks):
+        return session, get_num_common_prefix_blocks(state, c.request_id)
+    if isinstance(c, GetBlockIds):
+        return session, get_blocks(state, c.request_id)
+    if isinstance(c, ResetPrefixCache):
+        state, done = reset_prefix_cache(state)
+        return replace(session, manager=state), done
+    if isinstance(c, TakeEvents):
+        state, events = take_events(state)
+        return replace(session, manager=state), events
+    if isinstance(c, Usage):
+        return session, usage(state)
+    raise BadConfig(f"not a manager command: {command!r}")

@@ -35,7 +35,13 @@ from kvspec.impl.kv_cache_manager import (
     UnsupportedKVCacheSpec,
 )
 from kvspec.spec import manager as model
-from kvspec.spec.conformance.manager_machine import ImplManager, Layout, group_spec_of, view_of
+from kvspec.spec.conformance.lockstep import Lockstep, Refused
+from kvspec.spec.conformance.manager_machine import (
+    ImplManager,
+    group_spec_of,
+    hand_layout,
+    view_of,
+)
 
 BS = 4
 
@@ -239,16 +245,15 @@ def test_spec_fields_are_checked(field: str, value: Any) -> None:
 
 def test_conformance_target_refuses_alike() -> None:
     """The spec and impl refuse the same zero-token call, and neither changes."""
-    layout = Layout("one", lambda n: config(full(), num_blocks=n), hash_block_size=BS)
+    layout = hand_layout("bad input: one full group", lambda: (full(),), BS)
     target = ImplManager()
-    target.build(layout, 8, True, False)
-    state = model.new_manager(model.ManagerConfig((group_spec_of(full()),), 8, 64, BS))
-    target.add_request("a", list(range(6)), None, None)
-    with pytest.raises(ValueError):
-        target.allocate_slots("a", 0, 0, False, 0, False, 0)
-    with pytest.raises(ValueError):
-        model.allocate_slots(state, target.request_view("a"), 0)
-    assert target.view() == view_of(state)
+    run: Lockstep[model.Session] = Lockstep(model.step, target)
+    run(model.NewManager(model.ManagerConfig((group_spec_of(full()),), 8, 64, BS),
+                         target.hashing(), layout.name))
+    run(model.AddRequest("a", tuple(range(6))))
+    refused = run(model.AllocateSlots("a", 0))
+    assert isinstance(refused, Refused) and refused.base == "ValueError"
+    assert run.state is not None and target.view() == view_of(run.state)
 
 
 def test_refusals_work_under_python_dash_o() -> None:

@@ -5,7 +5,6 @@ on the spec side by side (the machine finds such cases by search; these find the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,14 +20,15 @@ from kvspec.impl.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from kvspec.impl.kv_cache_manager import KVCacheManager, Request
-from kvspec.spec import manager as model, pool as pool_model
+from kvspec.spec import manager as model
+from kvspec.spec.conformance.lockstep import Lockstep
 from kvspec.spec.conformance.manager_machine import (
-    ImplManager as Target,
-    Layout,
+    ImplManager,
     group_spec_of,
+    hand_layout,
     view_of,
 )
-from kvspec.spec.manager import ManagerConfig
+from kvspec.spec.manager import ManagerConfig, Session
 
 BS = 2
 
@@ -50,73 +50,75 @@ def chunked(chunk: int, bs: int = BS) -> KVCacheSpec:
 
 
 class Both:
-    """impl/ (through the conformance target) and the spec, driven in lockstep."""
+    """impl/ (through the conformance adapter) and the spec, run in lock step
+    (`lockstep.Lockstep`): every call is a `spec.manager` command; after each, the states
+    must agree and the spec's invariants hold."""
 
     def __init__(self, specs: Sequence[KVCacheSpec], num_blocks: int, max_model_len: int = 64,
                  caching: bool = True, eagle: bool = False) -> None:
-        def build(n: int) -> KVCacheConfig:
-            return KVCacheConfig(n, (), tuple(
-                KVCacheGroupSpec((f"layer.{i}",), s) for i, s in enumerate(specs)))
+        layout = hand_layout("example: " + ", ".join(map(repr, specs)), lambda: specs, BS)
+        self.target = ImplManager()
+        self.lockstep: Lockstep[Session] = Lockstep(model.step, self.target)
+        config = ManagerConfig(tuple(group_spec_of(s) for s in specs), num_blocks,
+                               max_model_len, BS, caching, use_eagle=eagle)
+        self(model.NewManager(config, self.target.hashing(), layout.name))
 
-        layout = Layout("example", build, hash_block_size=BS, max_model_len=max_model_len,
-                        use_eagle=eagle)
-        self.target = Target()
-        self.target.build(layout, num_blocks, caching, False)
-        self.spec = model.new_manager(ManagerConfig(
-            tuple(group_spec_of(s) for s in specs), num_blocks, max_model_len, BS, caching,
-            use_eagle=eagle))
+    def __call__(self, command: Any) -> Any:
+        output = self.lockstep(command)
         self.check()
+        return output
+
+    @property
+    def spec(self) -> model.ManagerState:
+        assert self.lockstep.state is not None
+        return self.lockstep.state.manager
 
     @property
     def impl(self) -> Any:
         return self.target.manager
 
     def check(self) -> None:
-        assert self.target.view() == view_of(self.spec)
-        assert model.violated(self.spec) == []
+        assert self.lockstep.state is not None
+        assert self.target.view() == view_of(self.lockstep.state)
+        assert model.violated(self.spec, self.lockstep.state.request_views()) == []
 
     def add(self, request_id: str, prompt: Sequence[int]) -> None:
-        self.target.add_request(request_id, prompt, None, None)
+        self(model.AddRequest(request_id, tuple(prompt)))
 
     def lookup(self, request_id: str) -> tuple[Any, int]:
-        actual = self.target.get_computed_blocks(request_id)
-        expected = model.get_computed_blocks(self.spec, self.target.request_view(request_id))
-        assert actual == expected
-        return actual
+        result: tuple[Any, int] = self(model.GetComputedBlocks(request_id))
+        return result
 
     def allocate(self, request_id: str, num_new: int, hit: tuple[Any, int] | None = None,
                  lookahead: int = 0) -> Any:
-        view = self.target.request_view(request_id)
-        hits, num_hit = hit if hit is not None else (None, 0)
-        self.spec, expected = model.allocate_slots(self.spec, view, num_new, num_hit, hits,
-                                                   lookahead)
-        actual = self.target.allocate_slots(request_id, num_new, num_hit, hit is not None,
-                                            lookahead, False, 0)
-        assert actual == expected
-        if actual is not None:
-            self.target.set_num_computed_tokens(request_id, min(
-                view.num_computed_tokens + num_hit + num_new, view.num_tokens))
-        self.check()
-        return actual
+        assert self.lockstep.state is not None
+        request = self.lockstep.state.request(request_id)
+        num_hit = 0 if hit is None else hit[1]
+        new = self(model.AllocateSlots(request_id, num_new, num_hit, hit is not None,
+                                       lookahead))
+        if new is not None:
+            self(model.SetComputedTokens(request_id, min(
+                request.num_computed_tokens + num_hit + num_new, len(request.token_ids))))
+        return new
 
     def admit(self, request_id: str, prompt: Sequence[int], lookahead: int = 0) -> Any:
         self.add(request_id, prompt)
         hit = self.lookup(request_id)
         return self.allocate(request_id, len(prompt) - hit[1], hit, lookahead)
 
+    def append(self, request_id: str, tokens: Sequence[int]) -> None:
+        self(model.AppendTokens(request_id, tuple(tokens)))
+
     def free(self, request_id: str) -> None:
-        self.spec = model.free(self.spec, request_id)
-        self.target.free(request_id)
-        self.check()
+        self(model.Free(request_id))
 
     def evict(self, block_ids: set[int]) -> None:
-        self.impl.evict_blocks(block_ids)
-        self.spec = replace(self.spec, pool=pool_model.evict_blocks(self.spec.pool, block_ids))
-        self.check()
+        for block in sorted(block_ids):
+            self(model.EvictBlocks((block,)))
 
     def block_ids(self, request_id: str) -> tuple[list[int], ...]:
         ids: tuple[list[int], ...] = self.impl.get_block_ids(request_id)
-        assert tuple(tuple(g) for g in ids) == model.get_blocks(self.spec, request_id)
+        assert tuple(tuple(g) for g in ids) == self(model.GetBlockIds(request_id))
         return ids
 
 
@@ -160,7 +162,7 @@ def test_evictable_hits_count_against_capacity() -> None:
 def test_sliding_window_frees_exactly_the_blocks_out_of_the_window() -> None:
     both = Both([sliding(5)], num_blocks=16)
     both.admit("a", PROMPT[:9])
-    both.target.append_tokens("a", [99])
+    both.append("a", [99])
     both.allocate("a", 1)
     # 9 computed tokens, window 5: tokens 0-4 are out, so blocks 0 and 1 (tokens 0-3) are null.
     ids = both.block_ids("a")[0]
@@ -252,10 +254,9 @@ def test_common_prefix_counts_blocks_every_running_request_holds() -> None:
     both = Both([full()], num_blocks=24)
     both.admit("a", PROMPT[:6])
     both.admit("b", [*PROMPT[:4], 60, 61])
-    assert both.impl.get_num_common_prefix_blocks("a") == [2]
+    assert both(model.GetNumCommonPrefixBlocks("a")) == (2,)
     both.admit("c", [70, 71, 72])
-    assert both.impl.get_num_common_prefix_blocks("a") == [0]
-    assert list(model.get_num_common_prefix_blocks(both.spec, "a")) == [0]
+    assert both(model.GetNumCommonPrefixBlocks("a")) == (0,)
 
 
 def test_slots_never_exceed_max_model_len() -> None:

@@ -98,10 +98,11 @@ def _build_manager(target: str, profile: Profile) -> LayerMachine:
         raise LayerUnavailable(f"no manager machine in this checkout ({error})") from error
     if profile is not Profile.V0_13:
         raise LayerUnavailable(f"the manager spec has no {profile.value} profile yet")
+    out_of_contract = frozenset(manager_machine.OUT_OF_CONTRACT)
     if target == "impl":
         return LayerMachine(manager_machine.machine_for(manager_machine.ImplManager),
                             "kvspec.impl.kv_cache_manager:KVCacheManager",
-                            "vLLM 0.13 KVCacheManager API")
+                            "vLLM 0.13 KVCacheManager API", out_of_contract)
     if target != "vllm":
         raise LayerUnavailable(f"no KVCacheManager adapter for target {target!r} yet")
     from kvspec.spec.conformance import vllm_targets
@@ -114,7 +115,7 @@ def _build_manager(target: str, profile: Profile) -> LayerMachine:
     layouts, left_out = vllm_targets.vllm_013_layouts(manager_machine.ALL_LAYOUTS)
     return LayerMachine(
         manager_machine.machine_for(vllm_targets.vllm_manager_013_target, tuple(layouts)),
-        vllm_targets.VLLM_MANAGER, "vLLM 0.13 KVCacheManager API",
+        vllm_targets.VLLM_MANAGER, "vLLM 0.13 KVCacheManager API", out_of_contract,
         notes=tuple(f"layout left out: {reason}" for reason in left_out))
 
 

@@ -1,47 +1,64 @@
 """The KV-cache manager conformance machine: drive a target and `spec.manager` side by side.
 
-Rules are what a scheduler does with a KVCacheManager: admit a request (look up its cached
-prefix, allocate slots for a chunk of its prompt, maybe with lookahead slots), run a step of a
-running request (the next prefill chunk, or a decode step with draft tokens), preempt it (free
-everything, recompute later), re-admit it, finish or abort it, continue a finished
-conversation with a new turn, cache delayed blocks, reset the prefix cache, ask for the common
-prefix and drain events. After every step the target's outputs must equal the spec's, its
-abstract state (`ManagerView`: every group's block lists and keyed counts, ref counts, the
-free order, block keys) must equal the spec's, and every invariant of `spec.manager` must hold.
+Rules are what a scheduler does with a KVCacheManager and its requests: add a request (its
+block hasher hashes the prompt), schedule a waiting request (look up its cached prefix, allocate
+slots for a chunk of its prompt, maybe with lookahead slots), run a step of a running request
+(the next prefill chunk, or a decode step with draft tokens), preempt it (free everything,
+recompute later), finish or abort it, continue a finished conversation with a new turn, cache
+delayed blocks, evict cached blocks, reset the prefix cache, ask for the common prefix and
+drain events; and make bad calls (one rule per kind: the manager must refuse each with a typed
+error and change nothing). Request ids flow through the ``waiting`` and ``running`` Bundles.
+
+Every call is a `spec.manager` command run on the spec and the target through
+`lockstep.Lockstep`, so outputs and refusals are compared as they happen. The spec holds the
+requests too and computes each request's block hashes itself (`spec.manager.Hashing`: the
+target's hash function, seed and extra-key format), so the target's request hashing is checked
+(invariant ``block_hashes_match_spec``), not trusted. After every step the target's abstract
+state (`ManagerView`) must equal the spec's (``states_agree``), its usage the spec's, and every
+invariant of `spec.manager` must hold on the target's state, each by name.
 
 Layouts are real models' KV-cache group structures (`models/`) with block sizes, windows and
 chunks scaled down so that windows slide and pools run out within a few steps, plus hand-built
 ones (three attention types, mixed block sizes, sink attention, Mamba with speculative blocks).
 Pools are tiny: a few blocks per group.
 
-`machine_for(make_target, layouts)` builds a machine for any `ManagerTarget`.
+`machine_for(make_target, layouts)` builds a machine for any adapter (`ImplManager` here,
+`manager_targets.Vllm013Manager` for vLLM 0.13's KVCacheManager).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from hypothesis import event, note, strategies as st
 from hypothesis.stateful import (
+    Bundle,
+    consumes,
     initialize,
     invariant,
+    multiple,
     precondition,
     rule,
 )
 
-from kvspec.spec import manager as model, pool as pool_model
+from kvspec.spec import hashing as hashing_model, manager as model, pool as pool_model
 from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.manager import GroupSpec, Kind, ManagerConfig, ManagerState, RequestView
+from kvspec.spec.conformance.lockstep import Lockstep, Refused
+from kvspec.spec.conformance.targets import spec_events
+from kvspec.spec.manager import GroupSpec, Kind, ManagerConfig, Session
 
 # --- What the machine sees of a target ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ManagerView:
-    """A manager's abstract state: comparable between the spec and any target."""
+    """A manager's abstract state (and its requests' block hashes): comparable between the
+    spec and any target."""
 
     # per group, sorted by id; a request holding no block in a group is left out, so that an
     # empty entry (vLLM's defaultdict makes one on a mere read, finding M2) is no difference
@@ -50,9 +67,13 @@ class ManagerView:
     ref: tuple[int, ...]  # per block, null block as 0
     free: tuple[int, ...]
     key_of: tuple[bytes | None, ...]
+    pending_events: tuple[pool_model.Event, ...]
+    block_hashes: tuple[tuple[str, tuple[bytes, ...]], ...]  # per request, sorted by id
 
 
-def view_of(state: ManagerState) -> ManagerView:
+def view_of(session: Session) -> ManagerView:
+    """The spec's session as a target would show it."""
+    state = session.manager
     return ManagerView(
         tables=tuple(tuple((r, blocks) for r, blocks in table if blocks)
                      for table in state.tables),
@@ -60,35 +81,73 @@ def view_of(state: ManagerState) -> ManagerView:
         ref=state.pool.ref,
         free=state.pool.free,
         key_of=state.pool.key_of,
+        pending_events=state.pool.events[state.pool.num_taken:],
+        block_hashes=tuple((rid, r.block_hashes) for rid, r in session.requests),
     )
 
 
-Hits = tuple[tuple[int, ...], ...]
+def manager_view(manager: Any, requests: Mapping[str, Any]) -> ManagerView:
+    """A KVCacheManager (vLLM 0.13's API) and its requests, in the spec's terms (the
+    abstraction function)."""
+    pool = manager.block_pool
+    tables = []
+    counts = []
+    for single in manager.coordinator.single_type_managers:
+        tables.append(tuple(sorted(
+            (rid, tuple(b.block_id for b in blocks))
+            for rid, blocks in single.req_to_blocks.items() if blocks
+        )))
+        counts.append(tuple(sorted(
+            (rid, n) for rid, n in single.num_cached_block.items() if n
+        )))
+    blocks = [pool.blocks[i] for i in range(pool.num_gpu_blocks)]
+    return ManagerView(
+        tables=tuple(tables),
+        num_cached=tuple(counts),
+        ref=(0, *tuple(b.ref_cnt for b in blocks[1:])),
+        free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+        key_of=(None, *tuple(b.block_hash for b in blocks[1:])),
+        pending_events=spec_events(getattr(pool, "kv_event_queue", ())),
+        block_hashes=tuple(sorted((rid, tuple(r.block_hashes)) for rid, r in requests.items())),
+    )
 
 
-class ManagerTarget(Protocol):
-    """A KV-cache manager with vLLM 0.13's API, seen through request ids and block ids."""
+def hit_ids(result: Any) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """get_computed_blocks's (KVCacheBlocks, num_tokens) as block ids per group."""
+    blocks, num_tokens = result
+    return tuple(tuple(b.block_id for b in g) for g in blocks.blocks), num_tokens
 
-    def build(self, layout: Layout, num_blocks: int, enable_caching: bool,
-              enable_events: bool) -> None: ...
-    def add_request(self, request_id: str, prompt: Sequence[int], lora: int | None,
-                    cache_salt: str | None) -> None: ...
-    def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None: ...
-    def set_num_computed_tokens(self, request_id: str, num_tokens: int) -> None: ...
-    def request_view(self, request_id: str) -> RequestView: ...
-    def get_computed_blocks(self, request_id: str) -> tuple[Hits, int]: ...
-    def allocate_slots(self, request_id: str, num_new_tokens: int,
-                       num_new_computed_tokens: int, with_hits: bool,
-                       num_lookahead_tokens: int, delay_cache_blocks: bool,
-                       num_encoder_tokens: int) -> Hits | None: ...
-    def free(self, request_id: str) -> None: ...
-    def cache_blocks(self, request_id: str, num_tokens: int) -> None: ...
-    def evict_blocks(self, block_ids: set[int]) -> None: ...
-    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]: ...
-    def reset_prefix_cache(self) -> bool: ...
-    def usage(self) -> float: ...
-    def take_events(self) -> list[pool_model.Event]: ...
-    def view(self) -> ManagerView: ...
+
+def block_ids_or_none(result: Any) -> tuple[tuple[int, ...], ...] | None:
+    """allocate_slots's KVCacheBlocks (or None) as block ids per group."""
+    if result is None:
+        return None
+    return tuple(tuple(b.block_id for b in g) for g in result.blocks)
+
+
+def id_tuples(block_ids: Any) -> tuple[tuple[int, ...], ...]:
+    """get_block_ids's lists per group as tuples."""
+    return tuple(tuple(g) for g in block_ids)
+
+
+def seed_none_hash(init_none_hash: Callable[[Any], None], hash_fn: Any, seed: str) -> None:
+    """Seed every chain as ``PYTHONHASHSEED=seed`` does: ``init_none_hash(hash_fn)`` with the
+    variable set for the call (NONE_HASH is then ``hash_fn(seed)``, not random bytes)."""
+    saved = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = seed
+    try:
+        init_none_hash(hash_fn)
+    finally:
+        if saved is None:
+            del os.environ["PYTHONHASHSEED"]
+        else:
+            os.environ["PYTHONHASHSEED"] = saved
+
+
+def variable_name(request_id: str) -> str:
+    """The Python variable a request is held in, in a written counterexample."""
+    name = re.sub(r"\W", "_", request_id)
+    return name if name.isidentifier() and not name[0].isdigit() else f"r_{name}"
 
 
 # --- Layouts -----------------------------------------------------------------------------------
@@ -110,6 +169,27 @@ class Layout:
     encoder_tokens: int = 0
     blocks_per_group: tuple[int, int] = (3, 7)
     use_eagle: bool = False
+
+
+# Every layout by name: a NewManager command names its layout, and a target (or a written
+# counterexample, in a fresh process) builds the KV-cache config from the name.
+LAYOUTS_BY_NAME: dict[str, Layout] = {}
+
+
+def register(layout: Layout) -> Layout:
+    """Make layout buildable by name (`kv_cache_config`); a later layout of the same name
+    replaces it."""
+    LAYOUTS_BY_NAME[layout.name] = layout
+    return layout
+
+
+def kv_cache_config(layout_name: str, num_blocks: int) -> Any:
+    """impl's KVCacheConfig of the layout called layout_name, with num_blocks blocks."""
+    try:
+        layout = LAYOUTS_BY_NAME[layout_name]
+    except KeyError:
+        raise LookupError(f"no layout named {layout_name!r}: register() it") from None
+    return layout.build(num_blocks)
 
 
 def group_spec_of(kv_cache_spec: Any) -> GroupSpec:
@@ -138,11 +218,12 @@ def group_spec_of(kv_cache_spec: Any) -> GroupSpec:
     raise model.BadConfig(f"no manager models {name}")
 
 
-def spec_config(layout: Layout, kv_cache_config: Any, enable_caching: bool,
+def spec_config(layout: Layout, config: Any, enable_caching: bool,
                 enable_events: bool) -> ManagerConfig:
+    """The spec's config of a layout's KVCacheConfig (impl's classes)."""
     return ManagerConfig(
-        groups=tuple(group_spec_of(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups),
-        num_blocks=kv_cache_config.num_blocks,
+        groups=tuple(group_spec_of(g.kv_cache_spec) for g in config.kv_cache_groups),
+        num_blocks=config.num_blocks,
         max_model_len=layout.max_model_len,
         hash_block_size=layout.hash_block_size,
         enable_caching=enable_caching,
@@ -180,7 +261,7 @@ def model_layout(model_name: str, block_size: int = 2, window: int = 5, chunk: i
                                     block_size=16)
         return _shrink(config, block_size, window, chunk, num_blocks)
 
-    return Layout(model_name, build, hash_block_size=block_size, **options)
+    return register(Layout(model_name, build, hash_block_size=block_size, **options))
 
 
 def hand_layout(name: str, specs: Callable[[], Sequence[Any]], hash_block_size: int,
@@ -194,7 +275,7 @@ def hand_layout(name: str, specs: Callable[[], Sequence[Any]], hash_block_size: 
             KVCacheGroupSpec((f"layer.{i}",), spec) for i, spec in enumerate(specs())
         ))
 
-    return Layout(name, build, hash_block_size=hash_block_size, **options)
+    return register(Layout(name, build, hash_block_size=hash_block_size, **options))
 
 
 def _full(bs: int, heads: int = 1) -> Any:
@@ -253,140 +334,220 @@ ALL_LAYOUTS = MODEL_LAYOUTS + HAND_LAYOUTS
 
 # --- The impl/ target --------------------------------------------------------------------------
 
+HASH_SEED = "0"  # PYTHONHASHSEED for every chain's seed: hashes are the same in every process
+
 
 class ImplManager:
-    """impl.kv_cache_manager.KVCacheManager behind the ManagerTarget interface."""
+    """Performs `spec.manager` commands on a KVCacheManager with vLLM 0.13's API: impl's
+    here; `manager_targets.Vllm013Manager` swaps in vLLM's classes.
+
+    Requests are the target's own Request objects, made with its block hasher; in a written
+    counterexample each is a variable named after its id (``req_001``), and a request's last
+    lookup result is ``hits_req_001``.
+    """
+
+    variable = "manager"
+    manager_path = "kvspec.impl.kv_cache_manager:KVCacheManager"
 
     def __init__(self) -> None:
         self.manager: Any = None
         self.requests: dict[str, Any] = {}
-        self.last_hits: dict[str, Any] = {}
+        self.hits: dict[str, Any] = {}  # request id -> its last get_computed_blocks blocks
         self.hash_block_size = 1
+        self.written: list[str] = []  # the requests a counterexample has made so far
 
-    def build(self, layout: Layout, num_blocks: int, enable_caching: bool,
-              enable_events: bool) -> None:
+    # -- what the target is ----------------------------------------------------------------
+
+    def hashing(self) -> model.Hashing:
+        """How this target hashes: impl writes extra keys in its EXTRA_KEY_FORMAT setting
+        (tagged unless a vllm-0.13 profile chose untagged)."""
+        from kvspec.impl import hashing
+
+        return model.Hashing(hashing_model.KeyFormat(hashing.EXTRA_KEY_FORMAT.value), HASH_SEED)
+
+    def _seed(self, hashing: model.Hashing) -> None:
+        from kvspec.impl.hashing import init_none_hash, sha256
+
+        seed_none_hash(init_none_hash, sha256, hashing.hash_seed)
+
+    def _new_manager(self, command: model.NewManager) -> Any:
         from kvspec.impl.kv_cache_manager import KVCacheManager
 
-        self.hash_block_size = layout.hash_block_size
-        self.manager = KVCacheManager(
-            layout.build(num_blocks), max_model_len=layout.max_model_len,
-            hash_block_size=layout.hash_block_size, enable_caching=enable_caching,
-            use_eagle=layout.use_eagle, enable_kv_cache_events=enable_events,
-        )
+        c = command.config
+        return KVCacheManager(
+            kv_cache_config(command.layout, c.num_blocks), max_model_len=c.max_model_len,
+            hash_block_size=c.hash_block_size, enable_caching=c.enable_caching,
+            use_eagle=c.use_eagle, enable_kv_cache_events=c.enable_events)
 
-    def add_request(self, request_id: str, prompt: Sequence[int], lora: int | None,
-                    cache_salt: str | None) -> None:
+    def _new_request(self, command: model.AddRequest) -> Any:
         from kvspec.impl.hashing import get_request_block_hasher, sha256
         from kvspec.impl.request import LoRARequest, Request
 
-        self.requests[request_id] = Request(
-            request_id, list(prompt),
-            lora_request=None if lora is None else LoRARequest(f"lora-{lora}", lora),
-            cache_salt=cache_salt,
-            block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
-        )
+        lora = command.lora
+        return Request(
+            command.request_id, list(command.prompt),
+            lora_request=None if lora is None else LoRARequest(
+                model.lora_name(lora), lora, model.lora_path(lora)),
+            cache_salt=command.salt,
+            block_hasher=get_request_block_hasher(self.hash_block_size, sha256))
 
-    def append_tokens(self, request_id: str, token_ids: Sequence[int]) -> None:
-        self.requests[request_id].append_output_token_ids(list(token_ids))
-
-    def set_num_computed_tokens(self, request_id: str, num_tokens: int) -> None:
-        self.requests[request_id].num_computed_tokens = num_tokens
-
-    def request_view(self, request_id: str) -> RequestView:
-        request = self.requests[request_id]
-        lora = request.lora_request
-        return RequestView(
-            request_id, request.num_tokens, request.num_computed_tokens,
-            tuple(request.block_hashes), tuple(request.all_token_ids),
-            None if lora is None else lora.adapter_id,
-        )
-
-    def get_computed_blocks(self, request_id: str) -> tuple[Hits, int]:
-        blocks, num_tokens = self.manager.get_computed_blocks(self.requests[request_id])
-        self.last_hits[request_id] = blocks
-        return tuple(tuple(b.block_id for b in g) for g in blocks.blocks), num_tokens
-
-    def allocate_slots(self, request_id: str, num_new_tokens: int,
-                       num_new_computed_tokens: int, with_hits: bool,
-                       num_lookahead_tokens: int, delay_cache_blocks: bool,
-                       num_encoder_tokens: int) -> Hits | None:
-        hits = self.last_hits.pop(request_id, None) if with_hits else None
-        result = self.manager.allocate_slots(
-            self.requests[request_id], num_new_tokens, num_new_computed_tokens, hits,
-            num_lookahead_tokens, delay_cache_blocks, num_encoder_tokens,
-        )
-        if result is None:
-            return None
-        return tuple(tuple(b.block_id for b in g) for g in result.blocks)
-
-    def free(self, request_id: str) -> None:
+    def _stand_in(self, request_id: str) -> Any:
+        """A request the manager never saw, to free."""
         from kvspec.impl.request import Request
 
-        request = self.requests.get(request_id) or Request(request_id, [0])
-        self.manager.free(request)
+        return Request(request_id, [0])
 
-    def cache_blocks(self, request_id: str, num_tokens: int) -> None:
-        self.manager.cache_blocks(self.requests[request_id], num_tokens)
+    # -- the commands ------------------------------------------------------------------------
 
-    def evict_blocks(self, block_ids: set[int]) -> None:
-        self.manager.evict_blocks(block_ids)
-
-    def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
-        return list(self.manager.get_num_common_prefix_blocks(request_id))
-
-    def reset_prefix_cache(self) -> bool:
-        return bool(self.manager.reset_prefix_cache())
-
-    def usage(self) -> float:
-        return float(self.manager.usage)
-
-    def take_events(self) -> list[pool_model.Event]:
-        from kvspec.impl.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
-        converted: list[pool_model.Event] = []
-        for item in self.manager.take_events():
-            if isinstance(item, BlockStored):
-                parent = item.parent_block_hash
-                converted.append(pool_model.Stored(
-                    tuple(_external(h) for h in item.block_hashes),
-                    None if parent is None else _external(parent), tuple(item.token_ids),
-                    item.block_size, item.lora_id,
-                ))
-            elif isinstance(item, BlockRemoved):
-                converted.append(pool_model.Removed(
-                    tuple(_external(h) for h in item.block_hashes)))
-            elif isinstance(item, AllBlocksCleared):
-                converted.append(pool_model.Cleared())
-        return converted
+    def perform(self, command: Any) -> object:
+        c = command
+        if isinstance(c, model.NewManager):
+            self.hash_block_size = c.config.hash_block_size
+            self._seed(c.hashing)
+            self.manager = self._new_manager(c)
+            self.requests, self.hits = {}, {}
+            return None
+        manager = self.manager
+        if isinstance(c, model.AddRequest):
+            self.requests[c.request_id] = self._new_request(c)
+            self.hits.pop(c.request_id, None)
+            return None
+        if isinstance(c, model.AppendTokens):
+            self.requests[c.request_id].append_output_token_ids(list(c.token_ids))
+            return None
+        if isinstance(c, model.SetComputedTokens):
+            self.requests[c.request_id].num_computed_tokens = c.num_tokens
+            return None
+        if isinstance(c, model.GetComputedBlocks):
+            result = manager.get_computed_blocks(self.requests[c.request_id])
+            self.hits[c.request_id] = result[0]
+            return hit_ids(result)
+        if isinstance(c, model.AllocateSlots):
+            hits = self.hits[c.hits_of or c.request_id] if c.with_hits else None
+            return block_ids_or_none(manager.allocate_slots(
+                self.requests[c.request_id], c.num_new_tokens, c.num_new_computed_tokens, hits,
+                c.num_lookahead_tokens, c.delay_cache_blocks, c.num_encoder_tokens))
+        if isinstance(c, model.Free):
+            manager.free(self.requests.get(c.request_id) or self._stand_in(c.request_id))
+            return None
+        if isinstance(c, model.CacheBlocks):
+            manager.cache_blocks(self.requests[c.request_id], c.num_tokens)
+            return None
+        if isinstance(c, model.EvictBlocks):
+            manager.evict_blocks(set(c.block_ids))
+            return None
+        if isinstance(c, model.GetNumCommonPrefixBlocks):
+            return tuple(manager.get_num_common_prefix_blocks(c.request_id))
+        if isinstance(c, model.GetBlockIds):
+            return id_tuples(manager.get_block_ids(c.request_id))
+        if isinstance(c, model.ResetPrefixCache):
+            return bool(manager.reset_prefix_cache())
+        if isinstance(c, model.TakeEvents):
+            return spec_events(manager.take_events())
+        if isinstance(c, model.Usage):
+            return float(manager.usage)
+        raise LookupError(f"not a manager command: {command!r}")
 
     def view(self) -> ManagerView:
-        manager = self.manager
-        pool = manager.block_pool
-        tables = []
-        counts = []
-        for single in manager.coordinator.single_type_managers:
-            tables.append(tuple(sorted(
-                (rid, tuple(b.block_id for b in blocks))
-                for rid, blocks in single.req_to_blocks.items() if blocks
-            )))
-            counts.append(tuple(sorted(
-                (rid, n) for rid, n in single.num_cached_block.items() if n
-            )))
-        blocks = [pool.blocks[i] for i in range(pool.num_gpu_blocks)]
-        return ManagerView(
-            tables=tuple(tables),
-            num_cached=tuple(counts),
-            ref=(0, *tuple(b.ref_cnt for b in blocks[1:])),
-            free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
-            key_of=(None, *tuple(b.block_hash for b in blocks[1:])),
-        )
+        return manager_view(self.manager, self.requests)
 
+    def check_representation(self) -> None:
+        check = getattr(self.manager.block_pool, "_check", None)
+        if check is not None:
+            check()
 
-def _external(block_hash: bytes | int) -> int:
-    """An event's block hash as the spec's events carry it (the low 64 bits, as an int)."""
-    if isinstance(block_hash, int):
-        return block_hash
-    return int.from_bytes(block_hash, "big") & (2**64 - 1)
+    # -- the commands as calls on the manager's own API (counterexamples) ------------------
+
+    def imports(self) -> list[str]:
+        return ["from kvspec.impl.hashing import get_request_block_hasher, init_none_hash, "
+                "sha256",
+                "from kvspec.impl.kv_cache_manager import KVCacheManager",
+                "from kvspec.impl.request import LoRARequest, Request",
+                *self._checker_imports()]
+
+    def _checker_imports(self) -> list[str]:
+        return ["from kvspec.spec.conformance.manager_machine import (ManagerView, "
+                "block_ids_or_none, hit_ids,\n    id_tuples, kv_cache_config, manager_view, "
+                "seed_none_hash)",
+                "from kvspec.spec.conformance.targets import spec_events",
+                "from kvspec.spec.pool import Cleared, Removed, Stored"]
+
+    def _config_source(self, command: model.NewManager) -> str:
+        return f"kv_cache_config({command.layout!r}, {command.config.num_blocks})"
+
+    def _request_source(self, command: model.AddRequest) -> str:
+        lora = "None" if command.lora is None else (
+            f"LoRARequest({model.lora_name(command.lora)!r}, {command.lora}, "
+            f"{model.lora_path(command.lora)!r})")
+        return (f"Request({command.request_id!r}, {list(command.prompt)!r}, "
+                f"lora_request={lora}, cache_salt={command.salt!r}, "
+                f"block_hasher=get_request_block_hasher({self.hash_block_size}, sha256))")
+
+    def _stand_in_source(self, request_id: str) -> str:
+        return f"Request({request_id!r}, [0])"
+
+    def call_source(self, command: Any) -> str:
+        c = command
+        if isinstance(c, model.NewManager):
+            self.hash_block_size = c.config.hash_block_size
+            self.written = []
+            k = c.config
+            return (f"seed_none_hash(init_none_hash, sha256, {c.hashing.hash_seed!r}) or "
+                    f"KVCacheManager(\n        {self._config_source(c)}, "
+                    f"max_model_len={k.max_model_len}, hash_block_size={k.hash_block_size},\n"
+                    f"        enable_caching={k.enable_caching}, use_eagle={k.use_eagle}, "
+                    f"enable_kv_cache_events={k.enable_events})")
+        if isinstance(c, model.AddRequest):
+            if c.request_id not in self.written:
+                self.written.append(c.request_id)
+            return f"{variable_name(c.request_id)} = {self._request_source(c)}"
+        if isinstance(c, model.Free) and c.request_id not in self.written:
+            return f"manager.free({self._stand_in_source(c.request_id)})"
+        request = variable_name(getattr(c, "request_id", ""))
+        if isinstance(c, model.AppendTokens):
+            return f"{request}.append_output_token_ids({list(c.token_ids)!r})"
+        if isinstance(c, model.SetComputedTokens):
+            return f"{request}.num_computed_tokens = {c.num_tokens}"
+        if isinstance(c, model.GetComputedBlocks):
+            return f"(hits_{request} := manager.get_computed_blocks({request}))"
+        if isinstance(c, model.AllocateSlots):
+            hits = (f"hits_{variable_name(c.hits_of or c.request_id)}[0]" if c.with_hits
+                    else "None")
+            return (f"manager.allocate_slots({request}, {c.num_new_tokens}, "
+                    f"{c.num_new_computed_tokens}, {hits}, {c.num_lookahead_tokens}, "
+                    f"{c.delay_cache_blocks}, {c.num_encoder_tokens})")
+        if isinstance(c, model.Free):
+            return f"manager.free({request})"
+        if isinstance(c, model.CacheBlocks):
+            return f"manager.cache_blocks({request}, {c.num_tokens})"
+        if isinstance(c, model.EvictBlocks):
+            return f"manager.evict_blocks({set(c.block_ids) or 'set()'})"
+        if isinstance(c, model.GetNumCommonPrefixBlocks):
+            return f"manager.get_num_common_prefix_blocks({c.request_id!r})"
+        if isinstance(c, model.GetBlockIds):
+            return f"manager.get_block_ids({c.request_id!r})"
+        if isinstance(c, model.ResetPrefixCache):
+            return "manager.reset_prefix_cache()"
+        if isinstance(c, model.TakeEvents):
+            return "manager.take_events()"
+        return "manager.usage"
+
+    def output_source(self, command: Any, expression: str) -> str:
+        if isinstance(command, model.GetComputedBlocks):
+            return f"hit_ids({expression})"
+        if isinstance(command, model.AllocateSlots):
+            return f"block_ids_or_none({expression})"
+        if isinstance(command, model.GetNumCommonPrefixBlocks):
+            return f"tuple({expression})"
+        if isinstance(command, model.GetBlockIds):
+            return f"id_tuples({expression})"
+        if isinstance(command, model.TakeEvents):
+            return f"spec_events({expression})"
+        return expression
+
+    def view_source(self) -> str:
+        requests = ", ".join(f"{r!r}: {variable_name(r)}" for r in self.written)
+        return f"manager_view(manager, {{{requests}}})"
 
 
 # --- The machine -------------------------------------------------------------------------------
@@ -400,12 +561,10 @@ PREFIXES: tuple[tuple[int, ...], ...] = (
 
 @dataclass
 class Tracked:
-    """A request the machine's scheduler knows about."""
+    """What the machine's scheduler knows of a request beyond the spec's session."""
 
     request_id: str
-    running: bool = False
     preempted: int = 0
-    prompt_len: int = 0
     encoder_tokens: int = 0
     encoder_done: bool = False
     delayed: bool = False
@@ -413,70 +572,90 @@ class Tracked:
 
 
 MAX_LIVE_REQUESTS = 6
+# The bad-call rules: each must be refused with a typed error, changing nothing.
+BAD_CALLS = (
+    "bad_allocate_no_tokens", "bad_allocate_beyond_max_model_len",
+    "bad_allocate_computed_beyond_slots", "bad_cache_blocks_beyond_slots",
+    "bad_allocate_foreign_hits", "bad_allocate_encoder_tokens_without_cross_attention",
+)
+# Situations vLLM's own scheduler never creates (it never passes such arguments): an audit with
+# --scope contract leaves them out. A zero-token allocation is refused by vLLM too.
+OUT_OF_CONTRACT = frozenset(BAD_CALLS) - {"bad_allocate_no_tokens"}
 
 
 class ManagerMachine(BoundedSteps):
-    """Runs a ManagerTarget against spec.manager; subclasses set make_target and layouts.
+    """Runs a manager adapter against `spec.manager`; subclasses set make_target and layouts.
     Every step runs under the step deadline (`deadline.BoundedSteps`)."""
 
-    make_target: Callable[[], ManagerTarget]
-    layouts: tuple[Layout, ...] = ALL_LAYOUTS
+    make_target: Callable[[], ImplManager]
+    layouts: tuple[Layout, ...] = ()  # set by machine_for (ALL_LAYOUTS by default)
+    excluded: frozenset[str] = frozenset()  # situations an audit has already reported
+    situation = ""  # what the current step is doing, named for an audit's report
+    waiting = Bundle("waiting")
+    running = Bundle("running")
+    view_of = staticmethod(view_of)
 
     def __init__(self) -> None:
         super().__init__()
         self.target = type(self).make_target()
+        self.lockstep: Lockstep[Session] = Lockstep(model.step, self.target)
         self.layout: Layout = self.layouts[0]
-        self.spec: ManagerState | None = None
         self.tracked: dict[str, Tracked] = {}
         self.finished_tokens: list[tuple[int, ...]] = []
         self.next_id = 0
-        self.max_model_len = 64
+        self.taken: tuple[pool_model.Event, ...] = ()  # every event take_events handed out
+        self._views: tuple[int, ManagerView] | None = None
 
     # -- helpers -------------------------------------------------------------------------
 
     @property
-    def state(self) -> ManagerState:
-        assert self.spec is not None
-        return self.spec
+    def spec(self) -> Session:
+        assert self.lockstep.state is not None
+        return self.lockstep.state
 
-    def _view(self, request_id: str) -> RequestView:
-        return self.target.request_view(request_id)
+    @property
+    def state(self) -> model.ManagerState:
+        return self.spec.manager
 
-    def _requests(self) -> dict[str, RequestView]:
-        return {rid: self._view(rid) for rid in self.tracked}
+    def _request(self, request_id: str) -> model.Request:
+        return self.spec.request(request_id)
 
-    def _running(self) -> list[str]:
-        return sorted(r for r, t in self.tracked.items() if t.running)
+    def _allows(self, situation: str) -> bool:
+        """Name what the step is about to do; False when an audit has excluded it."""
+        self.situation = situation
+        return situation not in self.excluded
 
-    def _waiting(self) -> list[str]:
-        return sorted(r for r, t in self.tracked.items() if not t.running)
+    def _every(self, period: int, phase: int = 0) -> bool:
+        """True on one step in ``period`` (by the commands run so far): rare calls are enabled
+        that often, so that they do not crowd out what a scheduler does."""
+        return (self.lockstep.state is not None
+                and len(self.lockstep.performed) % period == phase)
+
+    def bad_calls_now(self) -> bool:
+        """Bad-call rules are enabled on one step in five."""
+        return self._every(5)
+
+    def _refuse(self, command: Any) -> None:
+        """A bad call: the spec must refuse it (the lockstep checks the target does too)."""
+        output = self.lockstep(command)
+        assert isinstance(output, Refused), f"bad call {command} is not refused by the spec"
+        event(f"refused: {self.situation}")
 
     def _encoder_tokens(self, tracked: Tracked) -> int:
         return 0 if tracked.encoder_done else tracked.encoder_tokens
 
     def _allocate(self, request_id: str, num_new_tokens: int, num_new_computed: int,
-                  hits: model.GroupBlocks | None, lookahead: int, delay: bool) -> bool:
+                  with_hits: bool, lookahead: int, delay: bool) -> bool:
         tracked = self.tracked[request_id]
         encoder = self._encoder_tokens(tracked)
-        request = self._view(request_id)
-        before = self.target.view()
-        self.spec, expected = model.allocate_slots(
-            self.state, request, num_new_tokens, num_new_computed, hits, lookahead, delay,
-            encoder,
-        )
-        actual = self.target.allocate_slots(
-            request_id, num_new_tokens, num_new_computed, hits is not None, lookahead, delay,
-            encoder,
-        )
+        new = self.lockstep(model.AllocateSlots(request_id, num_new_tokens, num_new_computed,
+                                                with_hits, lookahead, delay, encoder))
         note(f"allocate_slots({request_id}, new={num_new_tokens}, hit={num_new_computed}, "
-             f"lookahead={lookahead}, delay={delay}, encoder={encoder}) -> {actual}")
-        if expected is None:
-            assert actual is None, f"allocate_slots: spec None, target allocated {actual}"
-            assert self.target.view() == before, "allocate_slots returned None but changed state"
+             f"lookahead={lookahead}, delay={delay}, encoder={encoder}) -> {new}")
+        assert not isinstance(new, Refused), f"allocate_slots refused by the spec: {new}"
+        if new is None:
             event("allocate_slots: pool too small (None)")
             return False
-        assert actual is not None, f"allocate_slots: spec allocated {expected}, target None"
-        assert actual == expected, f"allocate_slots: target {actual}, spec {expected}"
         if encoder:
             tracked.encoder_done = True
         if delay:
@@ -484,7 +663,7 @@ class ManagerMachine(BoundedSteps):
             event("allocate_slots: delay_cache_blocks")
         if lookahead:
             event("allocate_slots: lookahead tokens")
-        if any(expected):
+        if any(new):
             event("allocate_slots: new blocks")
         return True
 
@@ -493,7 +672,7 @@ class ManagerMachine(BoundedSteps):
     @initialize(data=st.data(), caching=st.sampled_from([True, True, True, False]),
                 events=st.booleans())
     def build(self, data: st.DataObject, caching: bool, events: bool) -> None:
-        layout = data.draw(st.sampled_from(self.layouts), label="layout")
+        layout = register(data.draw(st.sampled_from(self.layouts), label="layout"))
         probe = layout.build(2)
         num_groups = len(probe.kv_cache_groups)
         low, high = layout.blocks_per_group
@@ -503,168 +682,183 @@ class ManagerMachine(BoundedSteps):
         caching = caching and layout.caching
         kinds = {type(g.kv_cache_spec).__name__ for g in probe.kv_cache_groups}
         if (caching and num_groups == 1 and "ChunkedLocalAttentionSpec" not in kinds
-                and data.draw(st.integers(0, 4), label="eagle") == 0):
+                and data.draw(st.integers(0, 2), label="eagle") == 0):
             layout = replace(layout, use_eagle=True)
             event("EAGLE")
         self.layout = layout
-        config = replace(spec_config(layout, probe, caching, events), num_blocks=num_blocks)
-        self.spec = model.new_manager(config)
-        self.target.build(layout, num_blocks, caching, events)
+        config = spec_config(layout, kv_cache_config(layout.name, num_blocks), caching, events)
+        self.lockstep(model.NewManager(config, self.target.hashing(), layout.name))
         event(f"layout {layout.name}")
         event(f"caching {'on' if caching else 'off'}")
 
-    # -- rules ---------------------------------------------------------------------------
+    # -- rules: what a scheduler does ----------------------------------------------------
 
     @precondition(lambda self: len(self.tracked) < MAX_LIVE_REQUESTS)
-    @rule(prefix=st.integers(0, len(PREFIXES) - 1),
+    @rule(target=waiting, prefix=st.integers(0, len(PREFIXES) - 1),
           prefix_len=st.sampled_from([0, 4, 8, 12, 16, 20, 24]) | st.integers(0, 24),
           suffix=st.lists(st.integers(0, 3), min_size=1, max_size=6),
-          salt=st.sampled_from([None, None, None, "salt-a", "salt-b"]),
-          lora=st.sampled_from([None, None, None, 1, 2]))
+          salt=st.sampled_from([None, None, None, None, None, "salt-a", "lora-1"]),
+          lora=st.sampled_from([None, None, None, None, 1]))
     def add_request(self, prefix: int, prefix_len: int, suffix: list[int], salt: str | None,
-                    lora: int | None) -> None:
-        """A new prompt: a shared prefix (so prefixes hit) and a short own suffix."""
-        self._add(PREFIXES[prefix][:prefix_len] + tuple(suffix), salt, lora)
+                    lora: int | None) -> str:
+        """A new prompt: a shared prefix (so prefixes hit) and a short own suffix. (A salt
+        equal to a LoRA name is where untagged extra keys collide.)"""
+        if salt is not None:
+            event("cache salt")
+        if lora is not None:
+            event("LoRA adapter")
+        return self._add(PREFIXES[prefix][:prefix_len] + tuple(suffix), salt, lora)
 
     def _add(self, prompt: tuple[int, ...], salt: str | None, lora: int | None) -> str:
-        prompt = prompt[-(self.max_model_len - 1):]
+        prompt = prompt[-(self.layout.max_model_len - 1):]
         request_id = f"req-{self.next_id:03d}"
         self.next_id += 1
-        self.target.add_request(request_id, prompt, lora, salt)
-        self.tracked[request_id] = Tracked(request_id, prompt_len=len(prompt),
-                                           encoder_tokens=self.layout.encoder_tokens)
+        self.lockstep(model.AddRequest(request_id, prompt, lora, salt))
+        self.tracked[request_id] = Tracked(request_id, encoder_tokens=self.layout.encoder_tokens)
         return request_id
 
     @precondition(lambda self: self.finished_tokens and len(self.tracked) < MAX_LIVE_REQUESTS)
-    @rule(data=st.data(), more=st.lists(st.integers(0, 3), min_size=1, max_size=4))
-    def continue_conversation(self, data: st.DataObject, more: list[int]) -> None:
+    @rule(target=waiting, data=st.data(), more=st.lists(st.integers(0, 3), min_size=1,
+                                                        max_size=4))
+    def continue_conversation(self, data: st.DataObject, more: list[int]) -> str:
         """The next turn of a finished conversation: its whole history plus new tokens."""
         history = data.draw(st.sampled_from(self.finished_tokens))
-        self._add(history + tuple(more), None, None)
         event("multi-turn continuation")
+        return self._add(history + tuple(more), None, None)
 
-    @precondition(lambda self: any(not t.running for t in self.tracked.values()))
-    @rule(data=st.data(), chunk=st.integers(1, 12), lookahead=st.sampled_from([0, 0, 0, 1, 3]),
+    @precondition(lambda self: len(self.tracked) < MAX_LIVE_REQUESTS)
+    @rule(target=waiting, request_id=running)
+    def resubmit_prompt(self, request_id: str) -> str:
+        """The same prompt again, from the same tenant (a retry, or a shared system prompt and
+        question): it hits every block the running request has cached."""
+        request = self._request(request_id)
+        event("same prompt again")
+        return self._add(request.prompt, request.salt, request.lora)
+
+    @rule(target=running, request_id=consumes(waiting), chunk=st.integers(1, 12),
+          lookahead=st.sampled_from([0, 0, 0, 1, 3]),
           delay=st.sampled_from([False, False, False, False, True]))
-    def schedule_waiting(self, data: st.DataObject, chunk: int, lookahead: int,
-                         delay: bool) -> None:
-        """Admit (or re-admit) a waiting request: look up its prefix, allocate a chunk."""
-        request_id = data.draw(st.sampled_from(self._waiting()))
-        request = self._view(request_id)
-        expected_hits, expected_n = model.get_computed_blocks(self.state, request)
-        actual_hits, actual_n = self.target.get_computed_blocks(request_id)
-        assert (actual_hits, actual_n) == (expected_hits, expected_n), (
-            f"get_computed_blocks({request_id}): target {actual_hits} ({actual_n} tokens), "
-            f"spec {expected_hits} ({expected_n} tokens)")
-        assert model.hit_is_valid(self.state, request, expected_hits, expected_n)
-        if expected_n:
+    def schedule_waiting(self, request_id: str, chunk: int, lookahead: int,
+                         delay: bool) -> Any:
+        """Admit (or re-admit) a waiting request: look up its prefix, allocate a chunk. One
+        that does not fit goes back to the waiting queue (`requeue`)."""
+        hits, num_hit = self.lockstep(model.GetComputedBlocks(request_id))
+        assert model.hit_is_valid(self.state, self._request(request_id).view(), hits, num_hit)
+        if num_hit:
             event("prefix hit")
-            if any(self.state.pool.ref[b] == 0 for g in expected_hits for b in g if b):
+            if any(self.state.pool.ref[b] == 0 for g in hits for b in g if b):
                 event("prefix hit on an evictable block")
-            if any(pool_model.NULL_BLOCK in g for g in expected_hits):
+            if any(pool_model.NULL_BLOCK in g for g in hits):
                 event("prefix hit with null blocks")
         if self.tracked[request_id].preempted:
             event("re-admission after preemption")
-        remaining = request.num_tokens - expected_n
-        num_new = min(chunk, remaining)
-        if self._allocate(request_id, num_new, expected_n, expected_hits, lookahead, delay):
-            self.target.set_num_computed_tokens(request_id, expected_n + num_new)
-            self.tracked[request_id].running = True
+        num_tokens = len(self._request(request_id).token_ids)
+        num_new = min(chunk, num_tokens - num_hit)
+        if not self._allocate(request_id, num_new, num_hit, True, lookahead, delay):
+            self.tracked[request_id].extra["stalled"] = True
+            return multiple()
+        self.lockstep(model.SetComputedTokens(request_id, num_hit + num_new))
+        return request_id
 
-    @precondition(lambda self: any(t.running for t in self.tracked.values()))
-    @rule(data=st.data(), chunk=st.integers(1, 8), drafts=st.sampled_from([0, 0, 0, 1, 2]),
+    @precondition(lambda self: any(t.extra.get("stalled") for t in self.tracked.values()))
+    @rule(target=waiting)
+    def requeue(self) -> Any:
+        """Requests that did not fit go back to the waiting queue."""
+        stalled = sorted(r for r, t in self.tracked.items() if t.extra.pop("stalled", False))
+        return multiple(*stalled)
+
+    @rule(request_id=running, chunk=st.integers(1, 8), drafts=st.sampled_from([0, 0, 0, 1, 2]),
           lookahead=st.sampled_from([0, 0, 0, 1, 3]),
           delay=st.sampled_from([False, False, False, False, True]),
           token=st.integers(0, 3))
-    def step_running(self, data: st.DataObject, chunk: int, drafts: int, lookahead: int,
+    def step_running(self, request_id: str, chunk: int, drafts: int, lookahead: int,
                      delay: bool, token: int) -> None:
         """One engine step of a running request: a prefill chunk, or a decode step (a new
         token, maybe with draft tokens that are then rejected)."""
-        request_id = data.draw(st.sampled_from(self._running()))
-        request = self._view(request_id)
-        if request.num_computed_tokens >= request.num_tokens:
-            if request.num_tokens >= self.max_model_len:
+        request = self._request(request_id)
+        if request.num_computed_tokens >= len(request.token_ids):
+            if len(request.token_ids) >= self.layout.max_model_len:
                 return
-            self.target.append_tokens(request_id, [token])
-            request = self._view(request_id)
+            self.lockstep(model.AppendTokens(request_id, (token,)))
+            request = self._request(request_id)
             event("decode step")
-        remaining = request.num_tokens - request.num_computed_tokens
+        num_tokens = len(request.token_ids)
+        remaining = num_tokens - request.num_computed_tokens
         num_new = min(chunk, remaining)
         if num_new == remaining:
             num_new += drafts
             if drafts:
                 event("draft tokens")
-        if self._allocate(request_id, num_new, 0, None, lookahead, delay):
-            self.target.set_num_computed_tokens(
-                request_id, min(request.num_computed_tokens + num_new, request.num_tokens))
+        if self._allocate(request_id, num_new, 0, False, lookahead, delay):
+            self.lockstep(model.SetComputedTokens(
+                request_id, min(request.num_computed_tokens + num_new, num_tokens)))
 
-    @precondition(lambda self: any(t.running for t in self.tracked.values()))
-    @rule(data=st.data())
-    def preempt(self, data: st.DataObject) -> None:
+    @rule(target=waiting, request_id=consumes(running))
+    def preempt(self, request_id: str) -> str:
         """Free a running request's blocks; it waits to be recomputed."""
-        request_id = data.draw(st.sampled_from(self._running()))
         self._free(request_id)
-        self.target.set_num_computed_tokens(request_id, 0)
+        self.lockstep(model.SetComputedTokens(request_id, 0))
         tracked = self.tracked[request_id]
-        tracked.running = False
         tracked.preempted += 1
         tracked.encoder_done = False
         tracked.delayed = False
         event("preemption")
+        return request_id
 
-    @precondition(lambda self: self.tracked)
-    @rule(data=st.data())
-    def finish(self, data: st.DataObject) -> None:
-        """A request finishes or is aborted (running or waiting): free it, forget it."""
-        request_id = data.draw(st.sampled_from(sorted(self.tracked)))
-        request = self._view(request_id)
-        if self.tracked[request_id].running:
-            self.finished_tokens.append(request.token_ids)
-            event("finish running request")
-        else:
-            event("abort waiting request")
+    @rule(request_id=consumes(running))
+    def finish(self, request_id: str) -> None:
+        """A running request finishes: free it, forget it."""
+        self.finished_tokens.append(self._request(request_id).token_ids)
+        event("finish running request")
+        self._free(request_id)
+        del self.tracked[request_id]
+
+    @precondition(lambda self: self._every(4, 3))
+    @rule(request_id=consumes(waiting))
+    def abort_waiting(self, request_id: str) -> None:
+        """A waiting request is aborted (it may hold nothing, or blocks of an earlier run)."""
+        event("abort waiting request")
         self._free(request_id)
         del self.tracked[request_id]
 
     def _free(self, request_id: str) -> None:
-        self.spec = model.free(self.state, request_id)
-        self.target.free(request_id)
+        self.lockstep(model.Free(request_id))
         assert model.released(self.state, request_id)
 
-    @precondition(lambda self: any(t.running for t in self.tracked.values()))
-    @rule(choice=st.integers(0, 7))
-    def housekeeping(self, choice: int) -> None:
-        """Rare calls: free a request never seen (nothing changes), drain events, and now and
-        then reset the prefix cache (refused while any request holds blocks)."""
-        if choice <= 3:
-            before = self.target.view()
-            self.spec = model.free(self.state, "never-seen")
-            self.target.free("never-seen")
-            assert self.target.view() == before, "freeing an unknown request changed state"
-        elif choice <= 6:
-            self.spec, expected = model.take_events(self.state)
-            actual = self.target.take_events()
-            assert tuple(actual) == expected, f"events: target {actual}, spec {expected}"
-        else:
-            self.spec, done = model.reset_prefix_cache(self.state)
-            reset = self.target.reset_prefix_cache()
-            assert reset == done, f"reset_prefix_cache: target {reset}, spec {done}"
-            event(f"reset_prefix_cache {'done' if done else 'refused'}")
+    @precondition(lambda self: self._every(11, 4))
+    @rule()
+    def free_unknown_request(self) -> None:
+        """Free a request the manager never saw: nothing changes. (Enabled on one step in
+        eleven, as are the other rare calls: Hypothesis favours rules without arguments.)"""
+        self.lockstep(model.Free("never-seen"))
 
-    @precondition(lambda self: any(t.running and t.delayed for t in self.tracked.values()))
-    @rule(data=st.data())
-    def cache_delayed_blocks(self, data: st.DataObject) -> None:
+    @precondition(lambda self: self._every(3, 2))
+    @rule()
+    def take_events(self) -> None:
+        """A consumer (a KV-aware router) takes the pending events."""
+        self.taken += self.lockstep(model.TakeEvents())
+
+    @precondition(lambda self: self._every(9, 1))
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        """Reset the prefix cache (refused while any request holds blocks); enabled on one
+        step in nine, so that cached prefixes live long enough to hit."""
+        done = self.lockstep(model.ResetPrefixCache())
+        event(f"reset_prefix_cache {'done' if done else 'refused'}")
+
+    @precondition(lambda self: any(t.delayed for t in self.tracked.values()))
+    @rule(request_id=running)
+    def cache_delayed_blocks(self, request_id: str) -> None:
         """A KV transfer finished: key the blocks of a request that delayed caching."""
-        candidates = sorted(r for r, t in self.tracked.items() if t.running and t.delayed)
-        request_id = data.draw(st.sampled_from(candidates))
-        request = self._view(request_id)
-        num_tokens = min(request.num_computed_tokens, request.num_tokens)
-        self.spec = model.cache_blocks(self.state, request, num_tokens)
-        self.target.cache_blocks(request_id, num_tokens)
+        if not self.tracked[request_id].delayed:
+            return
+        request = self._request(request_id)
+        num_tokens = min(request.num_computed_tokens, len(request.token_ids))
+        self.lockstep(model.CacheBlocks(request_id, num_tokens))
         self.tracked[request_id].delayed = False
         event("cache delayed blocks")
 
-    @precondition(lambda self: self.spec is not None and any(
+    @precondition(lambda self: self.lockstep.state is not None and any(
         k is not None and r == 0 for k, r in zip(self.state.pool.key_of, self.state.pool.ref,
                                                  strict=True)))
     @rule(data=st.data())
@@ -676,53 +870,187 @@ class ManagerMachine(BoundedSteps):
         keyed = [b for b, k in enumerate(pool.key_of) if k is not None and pool.ref[b] == 0]
         chosen = data.draw(st.sets(st.sampled_from(keyed), min_size=1, max_size=4))
         for block in sorted(chosen):  # one call per block: the order of a set is no contract
-            self.spec = replace(self.state,
-                                pool=pool_model.evict_blocks(self.state.pool, [block]))
-            self.target.evict_blocks({block})
+            self.lockstep(model.EvictBlocks((block,)))
         event("evict cached blocks")
 
-    @precondition(lambda self: any(t.running for t in self.tracked.values()))
-    @rule(data=st.data())
-    def common_prefix(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(self._running()))
-        expected = list(model.get_num_common_prefix_blocks(self.state, request_id))
-        actual = self.target.get_num_common_prefix_blocks(request_id)
-        assert actual == expected, f"common prefix: target {actual}, spec {expected}"
-        if any(expected):
+    @rule(request_id=running)
+    def inspect_request(self, request_id: str) -> None:
+        """What the scheduler reads of a running request: the blocks every running request
+        shares with it (cascade attention) and its block ids (the block table's rows)."""
+        if any(self.lockstep(model.GetNumCommonPrefixBlocks(request_id))):
             event("common prefix > 0")
+        self.lockstep(model.GetBlockIds(request_id))
 
-    # -- invariants ----------------------------------------------------------------------
+    # -- rules: bad calls, each refused with a typed error and no change ------------------
+
+    @precondition(bad_calls_now)
+    @rule(request_id=running)
+    def bad_allocate_no_tokens(self, request_id: str) -> None:
+        """allocate_slots for no new token (vLLM 0.13 raises ValueError too)."""
+        if self._allows("bad_allocate_no_tokens"):
+            self._refuse(model.AllocateSlots(request_id, 0))
+
+    @precondition(bad_calls_now)
+    @rule(request_id=running, extra=st.integers(1, 3))
+    def bad_allocate_beyond_max_model_len(self, request_id: str, extra: int) -> None:
+        """More new tokens in one call than max_model_len."""
+        if self._allows("bad_allocate_beyond_max_model_len"):
+            self._refuse(model.AllocateSlots(request_id, self.layout.max_model_len + extra))
+
+    @precondition(bad_calls_now)
+    @rule(request_id=running, extra=st.integers(1, 8))
+    def bad_allocate_computed_beyond_slots(self, request_id: str, extra: int) -> None:
+        """num_computed_tokens past the request's slots (stage 1 would free blocks the
+        request still attends to): refused; the count is then set back."""
+        request = self._request(request_id)
+        slots = min((len(blocks) * group.block_size
+                     for group, blocks in zip(self.state.config.groups,
+                                              model.get_blocks(self.state, request_id),
+                                              strict=True) if group.kind is not Kind.CROSS),
+                    default=None)
+        if slots is None or not self._allows("bad_allocate_computed_beyond_slots"):
+            return
+        self.lockstep(model.SetComputedTokens(request_id, slots + extra))
+        self._refuse(model.AllocateSlots(request_id, 1))
+        self.lockstep(model.SetComputedTokens(request_id, request.num_computed_tokens))
+
+    @precondition(bad_calls_now)
+    @rule(request_id=running, extra=st.integers(1, 8))
+    def bad_cache_blocks_beyond_slots(self, request_id: str, extra: int) -> None:
+        """cache_blocks for more tokens than the request has slots for."""
+        if not self.state.config.enable_caching or any(
+                g.kind is Kind.CROSS for g in self.state.config.groups):
+            return
+        held = min(len(blocks) * group.block_size for group, blocks in zip(
+            self.state.config.groups, model.get_blocks(self.state, request_id), strict=True))
+        if self._allows("bad_cache_blocks_beyond_slots"):
+            self._refuse(model.CacheBlocks(request_id, held + extra))
+
+    @precondition(bad_calls_now)
+    @rule(request_id=waiting, other=running)
+    def bad_allocate_foreign_hits(self, request_id: str, other: str) -> None:
+        """A waiting request allocated with another request's lookup result as its hits."""
+        if request_id == other or not self.state.config.enable_caching:
+            return
+        mine = self._request(request_id)
+        hits, num_hit = self.lockstep(model.GetComputedBlocks(other))
+        if not num_hit or num_hit >= len(mine.token_ids) or not self._allows(
+                "bad_allocate_foreign_hits"):
+            return
+        if model.hit_is_valid(self.state, mine.view(), hits, num_hit):
+            return  # the other request's prefix is this one's: they are its own hits too
+        self._refuse(model.AllocateSlots(request_id, 1, num_hit, True, hits_of=other))
+
+    @precondition(bad_calls_now)
+    @rule(request_id=running, encoder=st.integers(1, 4))
+    def bad_allocate_encoder_tokens_without_cross_attention(self, request_id: str,
+                                                            encoder: int) -> None:
+        if any(g.kind is Kind.CROSS for g in self.state.config.groups):
+            return
+        if self._allows("bad_allocate_encoder_tokens_without_cross_attention"):
+            self._refuse(model.AllocateSlots(request_id, 1, num_encoder_tokens=encoder))
+
+    # -- checks after every step ---------------------------------------------------------
+    # Hypothesis runs invariants in name order: the named checks on the target's state come
+    # before the whole-state comparison (states_agree), so a broken one is reported by name.
+
+    def _target_view(self) -> ManagerView:
+        """The target's view, read once a step whichever invariant asks first."""
+        key = len(self.lockstep.performed)
+        if self._views is None or self._views[0] != key:
+            self._views = (key, self.target.view())
+        return self._views[1]
+
+    def target_session(self) -> Session:
+        """The target's state in the spec's terms: the spec's session with the target's
+        tables, keyed counts, pool and request hashes in it."""
+        view = self._target_view()
+        spec = self.spec
+        state = spec.manager
+        hashes = dict(view.block_hashes)
+        requests = tuple((rid, replace(r, block_hashes=hashes.get(rid, r.block_hashes)))
+                         for rid, r in spec.requests)
+        pool = replace(state.pool, ref=view.ref, free=view.free, key_of=view.key_of,
+                       events=self.taken + view.pending_events, num_taken=len(self.taken))
+        manager = replace(state, pool=pool, tables=view.tables, num_cached=view.num_cached)
+        return replace(spec, manager=manager, requests=requests)
+
+    @invariant()
+    def block_hashes_match_spec(self) -> None:
+        """Every request's block hashes are the spec's: its hash function, chain seed and
+        extra keys (LoRA adapter, cache salt) in the target's key format."""
+        if self.lockstep.state is None:
+            return
+        actual = dict(self._target_view().block_hashes)
+        for rid, request in self.spec.requests:
+            got = actual.get(rid)
+            assert got == request.block_hashes, (
+                f"invariant block_hashes_match_spec violated: request {rid!r} "
+                f"(lora={request.lora}, salt={request.salt!r}, "
+                f"{len(request.token_ids)} tokens): target hashes {got}, spec "
+                f"{request.block_hashes}")
 
     @invariant()
     def states_agree(self) -> None:
-        if self.spec is None:
+        if self.lockstep.state is None:
             return
-        expected = view_of(self.state)
-        actual = self.target.view()
-        for name in ("tables", "num_cached", "ref", "free", "key_of"):
+        actual, expected = self._target_view(), view_of(self.spec)
+        if actual != expected:
+            note(f"target: {actual}\nspec:   {expected}")
+        for name in ("tables", "num_cached", "ref", "free", "key_of", "pending_events"):
             assert getattr(actual, name) == getattr(expected, name), (
                 f"{name}: target {getattr(actual, name)}, spec {getattr(expected, name)}")
-        assert math.isclose(self.target.usage(), model.usage(self.state))
 
     @invariant()
-    def spec_invariants_hold(self) -> None:
-        if self.spec is None:
+    def usage_matches_spec(self) -> None:
+        if self.lockstep.state is None:
             return
-        broken = model.violated(self.state, self._requests())
-        assert not broken, f"invariants violated: {broken}"
+        actual = self.target.perform(model.Usage())
+        expected = model.usage(self.state)
+        assert isinstance(actual, float) and math.isclose(actual, expected), \
+            f"usage: target {actual}, spec {expected}"
 
 
-def _sink_blocks(kv_cache_config: Any) -> int:
+def _add_named_invariants(cls: type[ManagerMachine]) -> None:
+    """One @invariant per predicate of `spec.manager`, checked on the target's state (the
+    spec's must equal it by states_agree)."""
+    def of_state(p: Callable[[model.ManagerState], bool]) -> Callable[[Session], bool]:
+        return lambda s: p(s.manager)
+
+    def of_requests(p: Callable[[model.ManagerState, Mapping[str, model.RequestView]], bool],
+                    ) -> Callable[[Session], bool]:
+        return lambda s: p(s.manager, s.request_views())
+
+    checks: list[tuple[str, Callable[[Session], bool], str | None]] = [
+        (p.__name__, of_state(p), p.__doc__) for p in model.INVARIANTS]
+    checks += [(p.__name__, of_requests(p), p.__doc__)
+               for p in (model.request_blocks_match_hashes, model.blocks_cover_computed_tokens)]
+    for name, predicate, doc in checks:
+        def check(self: ManagerMachine, name: str = name,
+                  predicate: Callable[[Session], bool] = predicate) -> None:
+            if self.lockstep.state is None:
+                return
+            assert predicate(self.target_session()), \
+                f"invariant {name} violated by the target"
+        check.__name__ = f"invariant_{name}"
+        check.__doc__ = doc
+        setattr(cls, check.__name__, invariant()(check))
+
+
+_add_named_invariants(ManagerMachine)
+
+
+def _sink_blocks(config: Any) -> int:
     total = 0
-    for group in kv_cache_config.kv_cache_groups:
+    for group in config.kv_cache_groups:
         sink_len = getattr(group.kv_cache_spec, "sink_len", None)
         if sink_len:
             total += sink_len // group.kv_cache_spec.block_size
     return total
 
 
-def machine_for(make_target: Callable[[], ManagerTarget],
+def machine_for(make_target: Callable[[], Any],
                 layouts: tuple[Layout, ...] = ALL_LAYOUTS) -> type[ManagerMachine]:
-    """A ManagerMachine subclass checking targets made by make_target on layouts."""
+    """A ManagerMachine subclass checking adapters made by make_target on layouts."""
     return type("ManagerConformance", (ManagerMachine,),
-                {"make_target": staticmethod(make_target), "layouts": layouts})
+                {"make_target": staticmethod(make_target), "layouts": tuple(layouts)})

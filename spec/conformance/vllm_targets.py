@@ -252,57 +252,10 @@ def vllm_kv_cache_config(impl_config: Any) -> Any:
 
 
 def vllm_manager_013_target() -> Any:
-    """A ManagerTarget driving vLLM 0.13's KVCacheManager (spec/conformance/manager_machine)."""
-    from kvspec.spec.conformance.manager_machine import ImplManager
+    """An adapter driving vLLM 0.13's KVCacheManager (`manager_targets.Vllm013Manager`)."""
+    from kvspec.spec.conformance.manager_targets import Vllm013Manager
 
-    class VllmManager013(ImplManager):
-        """vLLM 0.13's KVCacheManager behind the ManagerTarget interface: the calls and the
-        view are ImplManager's (the API is the same); the config, the requests and the
-        events are vLLM's own classes."""
-
-        def build(self, layout: Any, num_blocks: int, enable_caching: bool,
-                  enable_events: bool) -> None:
-            from vllm.utils.hashing import sha256
-            from vllm.v1.core.kv_cache_manager import KVCacheManager
-            from vllm.v1.core.kv_cache_utils import init_none_hash
-
-            init_none_hash(sha256)
-            self.hash_block_size = layout.hash_block_size
-            self.manager = KVCacheManager(
-                vllm_kv_cache_config(layout.build(num_blocks)),
-                max_model_len=layout.max_model_len, hash_block_size=layout.hash_block_size,
-                enable_caching=enable_caching, use_eagle=getattr(layout, "use_eagle", False),
-                enable_kv_cache_events=enable_events,
-            )
-
-        def add_request(self, request_id: str, prompt: Sequence[int], lora: int | None,
-                        cache_salt: str | None) -> None:
-            from vllm.lora.request import LoRARequest
-            from vllm.sampling_params import SamplingParams
-            from vllm.utils.hashing import sha256
-            from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-            from vllm.v1.request import Request
-
-            self.requests[request_id] = Request(
-                request_id, list(prompt), SamplingParams(max_tokens=1 << 20), None, None,
-                lora_request=None if lora is None else LoRARequest(f"lora-{lora}", lora,
-                                                                   f"/lora/{lora}"),
-                cache_salt=cache_salt,
-                block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
-            )
-
-        def free(self, request_id: str) -> None:
-            from types import SimpleNamespace
-
-            request = self.requests.get(request_id) or SimpleNamespace(request_id=request_id)
-            self.manager.free(request)
-
-        def take_events(self) -> list[Any]:
-            from kvspec.spec.conformance.targets import spec_event
-
-            return [spec_event(e) for e in self.manager.take_events()]
-
-    return VllmManager013()
+    return Vllm013Manager()
 
 
 def vllm_013_layouts(layouts: Sequence[Any]) -> tuple[list[Any], list[str]]:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvspec.impl import (
+    hashing,
     kv_cache_coordinator as coord,
     kv_cache_manager as kvm,
     single_type_kv_cache_manager as stm,
@@ -221,9 +222,25 @@ def eagle_block_kept() -> None:
     replace(stm, "_trim_full_hit", trim)
 
 
-def _mutant(name: str, plant: Any, *extra: str) -> Mutant:
+def request_hash_ignores_salt() -> None:
+    """The request block hasher leaves the cache salt out of block 0's extra keys: requests
+    of different tenants share their first blocks (and every block after them)."""
+    original = hashing._key_sources
+
+    def key_sources(request: Any, tagged: bool) -> Any:
+        sources = original(request, tagged)
+        if sources is None:
+            return None
+        lora_key, features, _, embeds = sources
+        if lora_key is None and not features and embeds is None:
+            return None
+        return lora_key, features, None, embeds
+    replace(hashing, "_key_sources", key_sources)
+
+
+def _mutant(name: str, plant: Any, *extra: str, killed_by: str = "") -> Mutant:
     description = " ".join((plant.__doc__ or "").split())
-    return Mutant(name, description, plant, (EXAMPLES, MACHINE, *extra))
+    return Mutant(name, description, plant, (EXAMPLES, MACHINE, *extra), killed_by)
 
 
 MUTANTS: list[Mutant] = [
@@ -241,4 +258,6 @@ MUTANTS: list[Mutant] = [
     _mutant("manager_max_model_len_ignored", max_model_len_ignored),
     _mutant("manager_skipped_blocks_freed_on_refusal", skipped_blocks_freed_on_refusal),
     _mutant("manager_eagle_block_kept", eagle_block_kept),
+    _mutant("manager_request_hash_ignores_salt", request_hash_ignores_salt,
+            killed_by="block_hashes_match_spec"),
 ]
