@@ -46,7 +46,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvspec.spec import hashing as hashing_model, manager as model, pool as pool_model
+from kvspec.spec import (
+    event_consumer,
+    hashing as hashing_model,
+    manager as model,
+    pool as pool_model,
+)
 from kvspec.spec.conformance.deadline import BoundedSteps
 from kvspec.spec.conformance.lockstep import Lockstep, Refused
 from kvspec.spec.conformance.targets import spec_events
@@ -1017,6 +1022,9 @@ def _add_named_invariants(cls: type[ManagerMachine]) -> None:
     def of_state(p: Callable[[model.ManagerState], bool]) -> Callable[[Session], bool]:
         return lambda s: p(s.manager)
 
+    def of_pool(p: Callable[[pool_model.PoolState], bool]) -> Callable[[Session], bool]:
+        return lambda s: p(s.manager.pool)
+
     def of_requests(p: Callable[[model.ManagerState, Mapping[str, model.RequestView]], bool],
                     ) -> Callable[[Session], bool]:
         return lambda s: p(s.manager, s.request_views())
@@ -1025,6 +1033,8 @@ def _add_named_invariants(cls: type[ManagerMachine]) -> None:
         (p.__name__, of_state(p), p.__doc__) for p in model.INVARIANTS]
     checks += [(p.__name__, of_requests(p), p.__doc__)
                for p in (model.request_blocks_match_hashes, model.blocks_cover_computed_tokens)]
+    # A router's view of the events every group's pool calls emitted (spec.event_consumer).
+    checks += [(p.__name__, of_pool(p), p.__doc__) for p in event_consumer.ALL]
     for name, predicate, doc in checks:
         def check(self: ManagerMachine, name: str = name,
                   predicate: Callable[[Session], bool] = predicate) -> None:

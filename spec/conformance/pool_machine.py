@@ -31,7 +31,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvspec.spec import pool as model, pool_invariants
+from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.spec.conformance.deadline import BoundedSteps
 from kvspec.spec.conformance.lockstep import Lockstep, Refused
 from kvspec.spec.conformance.targets import PoolView, VllmApiPool, view_of
@@ -436,6 +436,7 @@ def _add_named_invariants(cls: type[PoolMachine],
 
 
 _add_named_invariants(PoolMachine, pool_invariants.ALL)
+_add_named_invariants(PoolMachine, event_consumer.ALL)  # a router's view of the events
 
 
 def machine_for(make_adapter: Callable[[], VllmApiPool],

@@ -1,0 +1,131 @@
+"""A router's view of the KV events: what a consumer that sees only the event stream rebuilds.
+
+A KV-aware router (vLLM's, llm-d's indexer) never sees a pool; it folds the events it takes
+into a map from block hash to what it knows of the block: its parent in the chain, its token
+ids, block size and LoRA. `router_view(events)` is that fold, and the predicates below are
+what the router relies on, each checked on the whole stream a pool has emitted (the events
+taken and those still pending) as a named invariant of the pool machine:
+
+- `event_stored_covers_whole_blocks`: a BlockStored carries whole blocks of tokens, at least
+  one block's worth per hash, so the router can split them by block.
+- `event_removed_was_stored`: a BlockRemoved names a hash the router holds.
+- `event_stored_parent_outside_its_blocks`: a BlockStored's parent is not one of its own
+  blocks, so the chain the router links never loops.
+
+Each takes a `PoolState` (only its events are read) and returns True when it holds.
+Stated precisely, with what the spec (and vLLM) really emit:
+
+- Tokens: a range being cached can hold null blocks (a sliding window's skipped blocks).
+  They get no hash, but their tokens are in the event all the same, so a BlockStored can
+  carry more whole blocks of tokens than hashes (finding R1 in docs/findings.md). A
+  snapshot after a collapse (`spec.pool._bound_events`) carries no tokens at all.
+- Parent: the parent is the chain hash of the block before the range, whatever became of
+  that block: a null block (a slid-out window position) or an evicted one was never stored
+  or is gone, so a router can be handed a parent it never saw (finding R2) and must not
+  require one. A snapshot's BlockStored carry no parent.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvspec.spec.pool import Cleared, Event, PoolState, Removed, Stored
+
+
+@dataclass(frozen=True)
+class CachedBlock:
+    """What a router knows of one cached block."""
+
+    parent: int | None
+    token_ids: tuple[int, ...]  # () for a snapshot's key-only BlockStored
+    block_size: int
+    lora_id: int | None
+
+
+@dataclass(frozen=True)
+class RouterView:
+    """Per external hash: how many blocks hold it, and what the last BlockStored said."""
+
+    counts: tuple[tuple[int, int], ...] = ()
+    blocks: tuple[tuple[int, CachedBlock], ...] = ()
+
+
+def consume(view: RouterView, event: Event) -> RouterView:
+    """The router's view after one event.
+
+    pre: all(n > 0 for _, n in view.counts)
+    post: all(n > 0 for _, n in __return__.counts)
+    """
+    if isinstance(event, Cleared):
+        return RouterView()
+    counts, blocks = Counter(dict(view.counts)), dict(view.blocks)
+    if isinstance(event, Stored):
+        parent = event.parent
+        size = event.block_size
+        for index, block_hash in enumerate(event.hashes):
+            tokens = event.token_ids[index * size:(index + 1) * size] if size > 0 else ()
+            counts[block_hash] += 1
+            blocks[block_hash] = CachedBlock(parent, tuple(tokens), size, event.lora_id)
+            parent = block_hash
+    elif isinstance(event, Removed):
+        for block_hash in event.hashes:
+            counts[block_hash] -= 1
+            if counts[block_hash] <= 0:
+                del counts[block_hash]
+                blocks.pop(block_hash, None)
+    return RouterView(tuple(sorted(counts.items())), tuple(sorted(blocks.items())))
+
+
+def router_view(events: Sequence[Event]) -> RouterView:
+    """The fold of a whole event stream."""
+    view = RouterView()
+    for event in events:
+        view = consume(view, event)
+    return view
+
+
+def event_stored_covers_whole_blocks(state: PoolState) -> bool:
+    """Every BlockStored with tokens carries whole blocks of them, at least one per hash (a
+    snapshot's key-only BlockStored carries none)."""
+    for event in state.events:
+        if isinstance(event, Stored) and event.token_ids:
+            size, n = event.block_size, len(event.token_ids)
+            if size <= 0 or n % size or n < len(event.hashes) * size:
+                return False
+    return True
+
+
+def event_removed_was_stored(state: PoolState) -> bool:
+    """Every hash a BlockRemoved names is held by the router at that point of the stream."""
+    counts: Counter[int] = Counter()
+    for event in state.events:
+        if isinstance(event, Cleared):
+            counts.clear()
+        elif isinstance(event, Stored):
+            counts.update(event.hashes)
+        elif isinstance(event, Removed):
+            for block_hash in event.hashes:
+                if counts[block_hash] <= 0:
+                    return False
+                counts[block_hash] -= 1
+    return True
+
+
+def event_stored_parent_outside_its_blocks(state: PoolState) -> bool:
+    """No BlockStored names one of its own blocks as their parent: the chain does not loop."""
+    return all(event.parent not in event.hashes for event in state.events
+               if isinstance(event, Stored) and event.parent is not None)
+
+
+ALL: tuple[Callable[[PoolState], bool], ...] = (
+    event_stored_covers_whole_blocks,
+    event_removed_was_stored,
+    event_stored_parent_outside_its_blocks,
+)
+
+
+def violated(state: PoolState) -> list[str]:
+    """The names of the router's properties the state's events break."""
+    return [predicate.__name__ for predicate in ALL if not predicate(state)]
