@@ -228,3 +228,140 @@ def cleared(table: Table) -> Table:
     post: all(len(new) == len(old) for new, old in zip(__return__, table))
     """
     return tuple((0,) * len(row) for row in table)
+
+
+# --- Operations as data (spec.conformance.lockstep) ----------------------------------------------
+# The worker's MultiGroupBlockTable: every group's table changes together (a refusal in one
+# group changes none), and a batch's slot mapping is computed for every group.
+
+
+class BadBatchError(BlockTableModelError, ValueError):
+    """A slot-mapping batch whose rows and positions do not pair up, or name a position no
+    block of its row holds."""
+
+
+@dataclass(frozen=True)
+class NewTables:
+    """Build a MultiGroupBlockTable: one table per KV-cache group."""
+
+    block_sizes: tuple[int, ...]
+    kernel_block_sizes: tuple[int, ...]
+    num_rows: int
+    max_blocks_per_row: int
+    num_blocks: int
+    num_slots: int
+    dcp_world_size: int = 1
+    dcp_rank: int = 0
+    interleave: int = 1
+    backend: str = "numpy"
+
+
+@dataclass(frozen=True)
+class AddRow:
+    row: int
+    block_ids: tuple[tuple[int, ...], ...]  # per group
+
+
+@dataclass(frozen=True)
+class AppendRow:
+    row: int
+    block_ids: tuple[tuple[int, ...], ...]  # per group
+
+
+@dataclass(frozen=True)
+class MoveRow:
+    src: int
+    tgt: int
+
+
+@dataclass(frozen=True)
+class SwapRow:
+    src: int
+    tgt: int
+
+
+@dataclass(frozen=True)
+class ClearRow:
+    row: int
+
+
+@dataclass(frozen=True)
+class CommitBlockTable:
+    num_reqs: int
+
+
+@dataclass(frozen=True)
+class ComputeSlotMapping:
+    """compute_slot_mapping, then commit_slot_mapping: the batch's slots, per group."""
+
+    req_indices: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
+TableCommand = (NewTables | AddRow | AppendRow | MoveRow | SwapRow | ClearRow
+                | CommitBlockTable | ComputeSlotMapping)
+
+
+@dataclass(frozen=True)
+class TablesState:
+    config: NewTables
+    limits: tuple[TableLimits, ...]
+    tables: tuple[Table, ...]
+
+
+def _each_group(state: TablesState, change: Callable[[Table, TableLimits, int], Table],
+                ) -> TablesState:
+    tables = tuple(change(table, limits, group) for group, (table, limits)
+                   in enumerate(zip(state.tables, state.limits, strict=True)))
+    return TablesState(state.config, state.limits, tables)
+
+
+def _batch(state: TablesState, command: ComputeSlotMapping) -> tuple[tuple[int, ...], ...]:
+    from kvspec.spec import slot_mapping as slots
+
+    c, config = command, state.config
+    if len(c.req_indices) != len(c.positions) or len(c.positions) > config.num_slots:
+        raise BadBatchError(f"{len(c.req_indices)} rows for {len(c.positions)} positions "
+                            f"(at most {config.num_slots} tokens)")
+    for row in c.req_indices:
+        check_row(state.limits[0], row)
+    out = []
+    for table, limits, size in zip(state.tables, state.limits, config.block_sizes, strict=True):
+        kernel = tuple(slots.kernel_row(row, limits.blocks_per_kv_block) for row in table)
+        kernel_size = size // limits.blocks_per_kv_block
+        span = kernel_size * config.dcp_world_size
+        for row, position in zip(c.req_indices, c.positions, strict=True):
+            if position < 0 or position // span >= len(kernel[row]):
+                raise BadBatchError(f"position {position} is not held by row {row}")
+        out.append(slots.batch_slot_mapping(
+            kernel, c.req_indices, c.positions, kernel_size, config.num_slots,
+            config.dcp_world_size, config.dcp_rank, config.interleave))
+    return tuple(out)
+
+
+def step(state: TablesState | None, command: TableCommand) -> tuple[TablesState, object]:
+    """One command on every group's table: the new state and the output (the slot mapping
+    of a batch, else None). A refused command raises and changes nothing."""
+    if isinstance(command, NewTables):
+        limits = tuple(TableLimits(command.num_rows, command.max_blocks_per_row,
+                                   command.num_blocks, size // kernel)
+                       for size, kernel in zip(command.block_sizes, command.kernel_block_sizes,
+                                               strict=True))
+        return TablesState(command, limits, tuple(empty_table(lim) for lim in limits)), None
+    if state is None:
+        raise InvalidLimitsError(f"{command} before the tables are built")
+    if isinstance(command, AddRow | AppendRow):
+        operation = add_row if isinstance(command, AddRow) else append_row
+        ids = command.block_ids
+        return _each_group(state, lambda t, lim, g: operation(t, lim, command.row, ids[g])), None
+    if isinstance(command, MoveRow):
+        return _each_group(state, lambda t, lim, g: move_row(t, lim, command.src,
+                                                             command.tgt)), None
+    if isinstance(command, SwapRow):
+        return _each_group(state, lambda t, lim, g: swap_row(t, lim, command.src,
+                                                             command.tgt)), None
+    if isinstance(command, ClearRow):
+        return _each_group(state, lambda t, lim, g: clear_row(t, lim, command.row)), None
+    if isinstance(command, CommitBlockTable):
+        return state, None
+    return state, _batch(state, command)
