@@ -27,18 +27,6 @@ def stored_event_drops_a_token() -> None:
     replace(BlockPool, "_stored_event", stored_event)
 
 
-def stored_event_parent_is_its_own_block() -> None:
-    """A BlockStored names its own first block as the parent (the index taken one too far)."""
-    original = BlockPool._stored_event
-
-    def stored_event(self: BlockPool, *args: Any) -> Any:
-        stored = original(self, *args)
-        if stored.parent_block_hash is None or not stored.block_hashes:
-            return stored
-        return with_fields(stored, parent_block_hash=stored.block_hashes[0])
-    replace(BlockPool, "_stored_event", stored_event)
-
-
 def eviction_removes_an_unkeyed_block() -> None:
     """evict_blocks emits a BlockRemoved for a block that has no key (its stale hash)."""
     original = BlockPool.evict_blocks
@@ -58,9 +46,6 @@ def eviction_removes_an_unkeyed_block() -> None:
 MUTANTS = [
     Mutant("stored_event_drops_a_token", "a BlockStored loses its last token",
            stored_event_drops_a_token, MACHINE, "event_stored_covers_whole_blocks"),
-    Mutant("stored_event_parent_is_its_own_block", "a BlockStored's parent is its own block",
-           stored_event_parent_is_its_own_block, MACHINE,
-           "event_stored_parent_outside_its_blocks"),
     Mutant("eviction_removes_an_unkeyed_block", "BlockRemoved for a block without a key",
            eviction_removes_an_unkeyed_block, MACHINE, "event_removed_was_stored"),
 ]

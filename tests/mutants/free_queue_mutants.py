@@ -65,7 +65,8 @@ def append_n_loses_last_block() -> None:
 
     def append_n(self: FreeKVCacheBlockQueue, blocks: Any) -> None:
         listed = list(blocks)
-        original(self, listed[:-1] if len(listed) > 1 else listed)
+        distinct = len({id(b) for b in listed}) == len(listed)  # bad lists still refused
+        original(self, listed[:-1] if distinct and len(listed) > 1 else listed)
     replace(FreeKVCacheBlockQueue, "append_n", append_n)
 
 

@@ -383,7 +383,7 @@ MUTANTS = [
     Mutant("take_events_newest_first", "take_events hands out events newest first",
            take_events_newest_first, MACHINE, "TakeEvents(): target"),
     Mutant("stored_event_wrong_parent", "BlockStored carries the wrong parent hash",
-           stored_event_wrong_parent, MACHINE, "pending events: target"),
+           stored_event_wrong_parent, MACHINE, "event_stored_parent_outside_its_blocks"),
     Mutant("evict_out_of_range_not_atomic", "a refused evict has already evicted some keys",
            evict_out_of_range_not_atomic, MACHINE, "refused call changed"),
     Mutant("stale_entry_handed_out", "a hit block's stale queue entry is allocated again",
