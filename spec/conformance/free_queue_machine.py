@@ -38,7 +38,7 @@ from hypothesis.stateful import (
 
 from kvspec.spec import free_queue as model
 from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.conformance.lockstep import Discrepancy, Lockstep, Refused
+from kvspec.spec.conformance.lockstep import Discrepancy, Lockstep, Refused, add_named_invariants
 from kvspec.spec.conformance.vllm_targets import TargetError, load_class
 from kvspec.spec.free_queue import (
     Append,
@@ -408,20 +408,7 @@ class FreeQueueMachine(BoundedSteps):
                                  f"{actual}, spec {expected}")
 
 
-def _add_named_invariants(cls: type[FreeQueueMachine]) -> None:
-    """One @invariant per predicate of spec.free_queue, checked on the target's state."""
-    for predicate in model.ALL:
-        def check(self: FreeQueueMachine, predicate: model.Invariant = predicate) -> None:
-            state = self.target_state()
-            if state is not None and not predicate(state):
-                raise AssertionError(f"invariants violated by the target: "
-                                     f"{', '.join(model.violated(state))} (state {state})")
-        check.__name__ = f"invariant_{predicate.__name__}"
-        check.__doc__ = predicate.__doc__
-        setattr(cls, check.__name__, invariant()(check))
-
-
-_add_named_invariants(FreeQueueMachine)
+add_named_invariants(FreeQueueMachine, model.ALL, lambda machine: machine.target_state())
 
 
 def machine_for(make_adapter: Callable[[], QueueAdapter],

@@ -39,7 +39,7 @@ from kvspec.spec.conformance.free_queue_machine import (
     load_classes,
     run_checked,
 )
-from kvspec.spec.conformance.lockstep import Lockstep, Refused
+from kvspec.spec.conformance.lockstep import Lockstep, Refused, add_named_invariants
 from kvspec.spec.hash_map import Command, GetOneBlock, Insert, Len, MapState, MapView, NewMap, Pop
 
 IMPL_MODULE = "kvspec.impl.block_pool"
@@ -287,20 +287,7 @@ class HashMapMachine(BoundedSteps):
                                  f"{expected}")
 
 
-def _add_named_invariants(cls: type[HashMapMachine]) -> None:
-    """One @invariant per predicate of spec.hash_map, checked on the target's state."""
-    for predicate in model.ALL:
-        def check(self: HashMapMachine, predicate: model.Invariant = predicate) -> None:
-            state = self.target_state()
-            if state is not None and not predicate(state):
-                raise AssertionError(f"invariants violated by the target: "
-                                     f"{', '.join(model.violated(state))} (state {state})")
-        check.__name__ = f"invariant_{predicate.__name__}"
-        check.__doc__ = predicate.__doc__
-        setattr(cls, check.__name__, invariant()(check))
-
-
-_add_named_invariants(HashMapMachine)
+add_named_invariants(HashMapMachine, model.ALL, lambda machine: machine.target_state())
 
 
 def machine_for(make_adapter: Callable[[], MapAdapter],

@@ -200,3 +200,22 @@ def counterexample_source(step: StepFunction, program: Sequence[Any], adapter: A
         if check:
             lines.append(f"    {check}")
     return "\n".join(lines) + "\n"
+
+
+def add_named_invariants(machine: type[Any], predicates: Sequence[Callable[[Any], bool]],
+                         state_of: Callable[[Any], Any]) -> None:
+    """One Hypothesis invariant per named predicate, ``invariant_<name>``, checked on the
+    target's state in the spec's terms (``state_of(machine)``; None before the target is
+    built). Hypothesis runs invariants in name order, so these come before a machine's
+    whole-state comparison and a broken one is reported by name."""
+    from hypothesis.stateful import invariant
+
+    for predicate in predicates:
+        def check(self: Any, predicate: Callable[[Any], bool] = predicate) -> None:
+            state = state_of(self)
+            if state is not None and not predicate(state):
+                raise AssertionError(
+                    f"invariant {predicate.__name__} violated by the target (state {state})")
+        check.__name__ = f"invariant_{predicate.__name__}"
+        check.__doc__ = predicate.__doc__
+        setattr(machine, check.__name__, invariant()(check))

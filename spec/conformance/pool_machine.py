@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 
 from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.conformance.lockstep import Lockstep, Refused
+from kvspec.spec.conformance.lockstep import Lockstep, Refused, add_named_invariants
 from kvspec.spec.conformance.targets import PoolView, VllmApiPool, view_of
 from kvspec.spec.pool import NULL_BLOCK, PoolState, Profile
 
@@ -419,24 +419,14 @@ class PoolMachine(BoundedSteps):
             self.adapter.check_representation()
 
 
-def _add_named_invariants(cls: type[PoolMachine],
-                          predicates: tuple[Callable[[PoolState], bool], ...]) -> None:
-    """One @invariant per predicate, checked on the target's state (the spec's must equal it
-    by matches_spec_state, and the spec itself is checked exhaustively by explore.py and by
-    CrossHair)."""
-    for predicate in predicates:
-        def check(self: PoolMachine, predicate: Any = predicate) -> None:
-            if self.lockstep.state is None:
-                return
-            assert predicate(self.target_state()), \
-                f"invariant {predicate.__name__} violated by the target"
-        check.__name__ = f"invariant_{predicate.__name__}"
-        check.__doc__ = predicate.__doc__
-        setattr(cls, check.__name__, invariant()(check))
+def _target_state_once_built(machine: PoolMachine) -> PoolState | None:
+    return None if machine.lockstep.state is None else machine.target_state()
 
 
-_add_named_invariants(PoolMachine, pool_invariants.ALL)
-_add_named_invariants(PoolMachine, event_consumer.ALL)  # a router's view of the events
+# The spec's own states are checked exhaustively (explore.py) and by CrossHair; here the
+# target's, which the spec's must equal (matches_spec_state).
+add_named_invariants(PoolMachine, pool_invariants.ALL, _target_state_once_built)
+add_named_invariants(PoolMachine, event_consumer.ALL, _target_state_once_built)  # a router's view
 
 
 def machine_for(make_adapter: Callable[[], VllmApiPool],
