@@ -15,7 +15,7 @@ from tests.mutants import Mutant, replace
 
 QUEUE_MACHINE = ("tests/test_free_queue_machine.py",)
 MAP_MACHINE = ("tests/test_hash_map_machine.py",)
-POOL_CHECKS = ("tests/test_representation_checks.py",)
+POOL_CHECKS = ("tests/test_pool_machine.py",)  # the machine's target_representation invariant
 
 
 def remove_forgets_stale_total() -> None:
