@@ -60,6 +60,15 @@ from kvspec.impl.errors import (
     InvalidRequestForCachingError as InvalidRequestForCachingError,
     NotEnoughFreeBlocksError as NotEnoughFreeBlocksError,
 )
+from kvspec.impl.eviction import (
+    BlockNotCachedError,
+    BlockNotPinnedError,
+    ClockWentBackError,
+    EvictionPolicy,
+    PinRefusedError,
+    PolicyNotSupportedError,
+    check_retention,
+)
 from kvspec.impl.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
@@ -303,6 +312,7 @@ class BlockPool:
         metrics_collector: KVCacheMetricsCollector | object | None = None,
         *,
         max_pending_kv_events: int | object | None = None,
+        eviction_policy: EvictionPolicy | object | None = None,
     ) -> None:
         if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
             raise InvalidBlockCountError(
@@ -333,6 +343,15 @@ class BlockPool:
         self._key_of: dict[KVCacheBlock, bytes] = {}  # keyed block -> its block hash
         self._group_of: dict[KVCacheBlock, int] = {}  # keyed block -> its group, if not 0
         self.kv_event_queue: list[KVCacheEvent] = []
+        # The eviction policy (impl/eviction.py); None is vLLM 0.13's LRU, with no hook
+        # called. The clock is the policies' time (advance_clock).
+        if eviction_policy is not None and not isinstance(eviction_policy, EvictionPolicy):
+            raise InvalidPoolConfigError(
+                f"eviction_policy must be None or an EvictionPolicy, got {eviction_policy!r}")
+        self._policy: EvictionPolicy | None = eviction_policy
+        self._now = 0
+        if eviction_policy is not None:
+            eviction_policy.attach(self)
 
     # -- block objects -------------------------------------------------------------------
 
@@ -495,6 +514,8 @@ class BlockPool:
         stored = None
         if self.enable_kv_cache_events:
             stored = self._stored_event(request, hashes, new_hashes, first, end, block_size)
+        policy = self._policy
+        hints = None if policy is None else policy.check_hints(request)
         # Nothing has changed yet; from here on nothing can fail.
         key_of.update(zip(new_blocks, new_hashes, strict=True))
         if group_id:
@@ -520,6 +541,8 @@ class BlockPool:
             self._stored_block_sizes[group_id] = block_size
             if self.max_pending_kv_events is not None:
                 self._bound_kv_events()
+        if hints:
+            policy.cached(hints, blocks[first:end], first, block_size)  # type: ignore[union-attr]
 
     def _stored_event(
         self, request: object, hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
@@ -564,7 +587,9 @@ class BlockPool:
             )
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
-        blocks = self.free_block_queue._take(num_blocks)
+        policy = self._policy
+        blocks = (self.free_block_queue._take(num_blocks) if policy is None
+                  else policy.take(num_blocks))
         key_of = self._key_of
         if key_of and not key_of.keys().isdisjoint(blocks):
             self._evict_all(list(filter(key_of.__contains__, blocks)))
@@ -580,6 +605,8 @@ class BlockPool:
     def _evict_all(self, keyed: list[KVCacheBlock]) -> None:
         """Drop the keys of keyed blocks (each has one) from the blocks and from the map."""
         hashes = list(map(self._key_of.pop, keyed))
+        if self._policy is not None:
+            self._policy.uncached(keyed)
         cache_map, group_of = self.cached_block_hash_to_block, self._group_of
         if group_of or cache_map._later:
             for block_hash, block in zip(hashes, keyed, strict=True):
@@ -684,6 +711,8 @@ class BlockPool:
             if not in_use.issuperset(blocks):
                 stranger = next(b for b in blocks if b not in in_use)
                 raise BlockNotInUseError(f"block {stranger.block_id} is freed with ref count 0")
+        if self._policy is not None:
+            self._policy.check_free(blocks)
         listed, still_shared = blocks, None
         if shared and not shared.isdisjoint(blocks):
             still_shared = [b for b in blocks if b in shared]
@@ -702,7 +731,15 @@ class BlockPool:
                 block._extra_refs -= 1
                 if not block._extra_refs:
                     shared.discard(block)
-        self.free_block_queue._extend(blocks)
+        self._release(blocks)
+
+    def _release(self, zeroed: list[KVCacheBlock]) -> None:
+        """Blocks that reached ref 0 (in that order) join the free queue where the policy
+        puts them (LRU: the tail)."""
+        if self._policy is None:
+            self.free_block_queue._extend(zeroed)
+        else:
+            self._policy.freed(zeroed)
 
     def _free_one_by_one(self, blocks: list[KVCacheBlock]) -> None:
         """free_blocks() when a block is listed twice: each listing drops one reference."""
@@ -721,7 +758,7 @@ class BlockPool:
             block._extra_refs = max(refs - 1, 0)
             if refs <= 1:
                 self._shared.discard(block)
-        self.free_block_queue._extend(zeroed)
+        self._release(zeroed)
 
     def evict_blocks(self, block_ids: Iterable[int] | object) -> None:
         """Drop the keys of the given blocks, in the order the set iterates (as vLLM does);
@@ -741,6 +778,8 @@ class BlockPool:
                     self.metrics_collector.on_block_evicted(block)
                 if block in self._key_of:
                     keyed.append(block)
+        if keyed and self._policy is not None:
+            self._policy.check_evict(keyed)
         if keyed:  # in one go: the events come in the same order, the bound is checked once
             self._evict_all(keyed)
 
@@ -756,6 +795,8 @@ class BlockPool:
         self.cached_block_hash_to_block.clear()
         self._key_of.clear()
         self._group_of.clear()
+        if self._policy is not None:
+            self._policy.reset()
         if self.metrics_collector is not None:
             self.metrics_collector.reset()
         if self.enable_kv_cache_events:
@@ -817,6 +858,92 @@ class BlockPool:
             if mapped[block] != key:
                 raise AssertionError(f"block pool: block {block.block_id} is keyed {key!r} but "
                                      f"mapped under {mapped[block]!r}")
+        if self._policy is not None:
+            self._policy.check()
+
+    # -- eviction policy operations (impl/eviction.py) --------------------------------
+
+    @property
+    def eviction_policy(self) -> EvictionPolicy | None:
+        return self._policy
+
+    @property
+    def clock(self) -> int:
+        """The policies' time: what the last advance_clock set (0 at first)."""
+        return self._now
+
+    def _policy_blocks(self, block_ids: object, what: str) -> list[KVCacheBlock]:
+        """Block ids read whole and checked (ints in the pool, each once) as blocks."""
+        listed = _listed(block_ids, "block_ids")
+        for block_id in listed:
+            if type(block_id) is not int or not 0 <= block_id < self.num_gpu_blocks:
+                raise BlockNotInPoolError(
+                    f"block id {block_id!r} is outside the pool of {self.num_gpu_blocks} blocks")
+        if len(set(listed)) != len(listed) and what == "pin":
+            raise PinRefusedError(f"a block is listed twice in {listed}")
+        return [self._block(i) for i in listed]
+
+    def _require(self, has: bool, what: str) -> EvictionPolicy:
+        policy = self._policy
+        if policy is None or not has:
+            name = "lru" if policy is None else policy.name
+            raise PolicyNotSupportedError(f"the pool's eviction policy {name!r} has no {what}")
+        return policy
+
+    def set_retention(self, block_ids: Iterable[int] | object, priority: int | object,
+                      duration: int | object | None = None) -> None:
+        """Give cached blocks a retention priority in [0, 100] (``priority`` policy), that
+        reverts to the default ``duration`` after now (None: never); null block skipped."""
+        policy = self._require(self._policy is not None and self._policy.has_priorities,
+                               "retention priorities")
+        check_retention(0, None, priority, duration)
+        blocks = self._policy_blocks(block_ids, "retention")
+        null = self.null_block
+        for block in blocks:
+            if block is not null and block not in self._key_of:
+                raise BlockNotCachedError(f"block {block.block_id} has no key: only a cached "
+                                          f"block has a retention priority")
+        for block in blocks:
+            if block is not null:
+                policy.set(block, priority, duration)  # type: ignore[arg-type]
+
+    def advance_clock(self, now: int | object) -> None:
+        """Time moves to ``now`` (an int, never back): expired priorities revert."""
+        if type(now) is not int or now < self._now:
+            raise ClockWentBackError(f"the clock is at {self._now}; it cannot go to {now!r}")
+        self._now = now
+        if self._policy is not None:
+            self._policy.advance_clock(now)
+
+    def pin_blocks(self, block_ids: Iterable[int] | object) -> None:
+        """Pin cached blocks (``pinned`` policy): a pinned block holds a reference of the
+        pool's, so it is never free and never evicted. Refused over the policy's cap."""
+        policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
+        blocks = self._policy_blocks(block_ids, "pin")
+        pinned = policy.pinned
+        for block in blocks:
+            if block in pinned:
+                raise PinRefusedError(f"block {block.block_id} is already pinned")
+            if block not in self._key_of:
+                raise BlockNotCachedError(
+                    f"block {block.block_id} has no key: only a cached block can be pinned")
+        cap = policy.cap
+        if len(pinned) + len(blocks) > cap:
+            raise PinRefusedError(f"pinning {len(blocks)} more blocks would pin "
+                                  f"{len(pinned) + len(blocks)}, over the cap of {cap}")
+        self.touch(blocks)
+        pinned.update(blocks)
+
+    def unpin_blocks(self, block_ids: Iterable[int] | object) -> None:
+        """Drop pins: each releases its reference (a block reaching 0 becomes free)."""
+        policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
+        blocks = self._policy_blocks(block_ids, "pin")
+        pinned = policy.pinned
+        for block in blocks:
+            if block not in pinned:
+                raise BlockNotPinnedError(f"block {block.block_id} is not pinned")
+        pinned.difference_update(blocks)
+        self.free_blocks(blocks)
 
     # -- accounting ----------------------------------------------------------------------
 

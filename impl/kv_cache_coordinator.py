@@ -28,6 +28,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 
 from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.eviction import EvictionPolicy
 from kvspec.impl.hashing import BlockHash, BlockHashListWithBlockSize
 from kvspec.impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -110,6 +111,7 @@ class KVCacheCoordinator:
         metrics_collector: KVCacheMetricsCollector | object | None = None,
         *,
         max_pending_kv_events: int | object | None = None,
+        eviction_policy: EvictionPolicy | object | None = None,
     ) -> None:
         max_len, eagle, caching, events, dcp, pcp, hash_size = check_coordinator_arguments(
             max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
@@ -126,7 +128,8 @@ class KVCacheCoordinator:
         self.hash_block_size: int = hash_size
         self.block_pool = BlockPool(config.num_blocks, caching, hash_size, events,
                                     metrics_collector,
-                                    max_pending_kv_events=max_pending_kv_events)
+                                    max_pending_kv_events=max_pending_kv_events,
+                                    eviction_policy=eviction_policy)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
                 group.kv_cache_spec,
@@ -475,11 +478,13 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         metrics_collector: KVCacheMetricsCollector | object | None = None,
         *,
         max_pending_kv_events: int | object | None = None,
+        eviction_policy: EvictionPolicy | object | None = None,
     ) -> None:
         super().__init__(
             kv_cache_config, max_model_len, use_eagle, False, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
             max_pending_kv_events=max_pending_kv_events,
+            eviction_policy=eviction_policy,
         )
         self.num_single_type_manager = len(self.single_type_managers)
 
@@ -511,6 +516,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         metrics_collector: KVCacheMetricsCollector | object | None = None,
         *,
         max_pending_kv_events: int | object | None = None,
+        eviction_policy: EvictionPolicy | object | None = None,
     ) -> None:
         _, eagle, caching, _, dcp, pcp, hash_size = check_coordinator_arguments(
             max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
@@ -535,6 +541,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
             kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
             max_pending_kv_events=max_pending_kv_events,
+            eviction_policy=eviction_policy,
         )
         self.kv_cache_spec: KVCacheSpec = spec
         self.block_size = block_size
@@ -630,6 +637,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         metrics_collector: KVCacheMetricsCollector | object | None = None,
         *,
         max_pending_kv_events: int | object | None = None,
+        eviction_policy: EvictionPolicy | object | None = None,
     ) -> None:
         _, eagle, caching, _, dcp, pcp, hash_size = check_coordinator_arguments(
             max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
@@ -657,6 +665,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
             max_pending_kv_events=max_pending_kv_events,
+            eviction_policy=eviction_policy,
         )
         self.attention_types = _attention_types(config)
         self.lcm_block_size = math.lcm(*(spec.block_size for spec, _ in self.attention_types))
@@ -809,6 +818,7 @@ def get_kv_cache_coordinator(
     metrics_collector: KVCacheMetricsCollector | object | None = None,
     *,
     max_pending_kv_events: int | object | None = None,
+        eviction_policy: EvictionPolicy | object | None = None,
 ) -> KVCacheCoordinator:
     """No prefix cache when caching is off; unitary for one group; hybrid otherwise."""
     caching = check_coordinator_arguments(
@@ -819,15 +829,18 @@ def get_kv_cache_coordinator(
             kv_cache_config, max_model_len, use_eagle, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
             max_pending_kv_events=max_pending_kv_events,
+            eviction_policy=eviction_policy,
         )
     if len(as_kv_cache_config(kv_cache_config).kv_cache_groups) == 1:
         return UnitaryKVCacheCoordinator(
             kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
             dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
             max_pending_kv_events=max_pending_kv_events,
+            eviction_policy=eviction_policy,
         )
     return HybridKVCacheCoordinator(
         kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
         dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
         max_pending_kv_events=max_pending_kv_events,
+        eviction_policy=eviction_policy,
     )

@@ -33,7 +33,7 @@ replays to the same cached set (impl/block_pool.py, docs/bounded-events.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, NoReturn
@@ -46,6 +46,7 @@ from kvspec.impl.errors import (
     InvalidManagerArgument as InvalidManagerArgument,
     UnknownRequestError as UnknownRequestError,
 )
+from kvspec.impl.eviction import EvictionPolicy
 from kvspec.impl.hashing import BlockHash
 from kvspec.impl.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
 from kvspec.impl.kv_cache_interface import KVCacheConfigLike, as_kv_cache_config
@@ -207,6 +208,7 @@ class KVCacheManager:
         *,
         strict_free: bool | object = False,
         max_pending_kv_events: int | object | None = None,
+        eviction_policy: EvictionPolicy | object | None = None,
     ) -> None:
         # The coordinator checks the config, the sizes and the other flags.
         self.log_stats: bool = check_flag("log_stats", log_stats, InvalidKVCacheConfig)
@@ -222,6 +224,7 @@ class KVCacheManager:
             hash_block_size=hash_block_size,
             metrics_collector=metrics_collector,
             max_pending_kv_events=max_pending_kv_events,
+            eviction_policy=eviction_policy,
         )
         coordinator = self.coordinator
         self.max_model_len: int = coordinator.max_model_len
@@ -506,6 +509,24 @@ class KVCacheManager:
     def evict_blocks(self, block_ids: set[int] | object) -> None:
         self._evicting_calls += 1
         self.block_pool.evict_blocks(block_ids)
+
+    # -- eviction policy (impl/eviction.py): the pool's, by block id ---------------------
+
+    def advance_clock(self, now: int | object) -> None:
+        """The policies' time moves to ``now``: expired retention priorities revert."""
+        self.block_pool.advance_clock(now)
+
+    def set_retention(self, block_ids: Iterable[int] | object, priority: int | object,
+                      duration: int | object | None = None) -> None:
+        """Retention priority of cached blocks (``priority`` policy)."""
+        self.block_pool.set_retention(block_ids, priority, duration)
+
+    def pin_blocks(self, block_ids: Iterable[int] | object) -> None:
+        """Pin cached blocks (``pinned`` policy): never evicted while pinned."""
+        self.block_pool.pin_blocks(block_ids)
+
+    def unpin_blocks(self, block_ids: Iterable[int] | object) -> None:
+        self.block_pool.unpin_blocks(block_ids)
 
     def get_num_common_prefix_blocks(self, running_request_id: str | object) -> list[int]:
         """Per group, the leading blocks every running request shares (0s for an id that

@@ -495,6 +495,25 @@ class FreeKVCacheBlockQueue:
             for block in blocks:
                 block._queue = self
 
+    def _prepend(self, blocks: list[KVCacheBlock]) -> None:
+        """Put blocks known to be out of every queue (each once) at the head, in order (an
+        eviction policy's: ``lru-lifo-unhashed`` reuses unkeyed blocks first)."""
+        if not blocks:
+            return
+        if self._fresh_next < self._fresh_end:
+            self._spill_fresh_run()  # the fresh run is the head: make it ordinary entries
+        if self._stale and not self._stale.keys().isdisjoint(blocks):
+            # A block's stale entry lies after the head; skipping "the first entry" of it
+            # would skip the new one: drop the stale entries first.
+            self._drop_stale_entries()
+        head = self._head
+        self._entries[:head] = blocks  # in place of the taken entries before the head
+        self._head = 0
+        self.num_free_blocks += len(blocks)
+        if self._marks_members:
+            for block in blocks:
+                block._queue = self
+
     def _refuse_for_pool(self, operation: str) -> None:
         if not self._marks_members:
             raise BlockOwnershipError(

@@ -314,6 +314,8 @@ class Request:
         priority: int = 0,
         trace_headers: Any | None = None,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+        *,
+        kv_retention: list[Any] | None = None,
     ) -> None:
         # Every check comes before the first assignment: a refused request is never half built.
         if type(request_id) is not str:
@@ -357,6 +359,9 @@ class Request:
             raise InvalidRequestError(f"block_hasher must be callable, got {block_hasher!r}")
 
         self.request_id = request_id
+        # Retention hints (impl/eviction.py TokenRangeRetention; kvspec's): a pool with the
+        # priority policy reads them when it caches the request's blocks, and checks them.
+        self.kv_retention: list[Any] = list(kv_retention or ())
         self.client_index = client_index
         self.priority = priority
         self.sampling_params = sampling_params

@@ -81,6 +81,11 @@ def add_audit_parser(subparsers: Any) -> None:
                                  "block-table", "all"],
                         help="which machines to run (default: every layer for impl/vllm, "
                         "the pool for a class)")
+    parser.add_argument("--policy", choices=["lru", "lru-lifo-unhashed", "priority", "pinned"],
+                        help="audit the pool and manager under this eviction policy "
+                             "(spec/eviction.py): impl's plug-in of it, an impl "
+                             "EvictionPolicy subclass given as --target module:Class, or a "
+                             "pool class that claims the policy")
     parser.add_argument("--scope", default="all", choices=["all", "contract"],
                         help="contract: leave out bad calls and calls vLLM's own callers "
                         "never make (default all)")
@@ -181,7 +186,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
         audit = run_audit(args.target, profile, args.budget, layer=args.layer, scope=args.scope,
                           seed_base=args.seed,
                           progress=None if progress is None else progress.update,
-                          step_deadline=step_deadline)
+                          step_deadline=step_deadline, policy=args.policy)
     finally:
         if progress is not None:
             progress.finish()

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from kvspec.spec import attention_rules as rules, hashing as H, pool as P
+from kvspec.spec.eviction import Policy, TokenRangeRetention
 from kvspec.spec.pool import NULL_BLOCK, BlockId, PoolState
 
 __all__ = [
@@ -150,6 +151,7 @@ class ManagerConfig:
     use_eagle: bool = False
     enable_events: bool = False
     profile: P.Profile = P.Profile.V0_13
+    policy: Policy | None = None  # the pool's eviction policy (spec.eviction); the profile's
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ class RequestView:
     token_ids: tuple[int, ...] = ()
     lora_id: int | None = None
     skip_reading_prefix_cache: bool = False
+    retention: tuple[TokenRangeRetention, ...] = ()  # hints a ``priority`` pool reads
 
 
 # --- State -------------------------------------------------------------------------------------
@@ -216,7 +219,7 @@ def new_manager(config: ManagerConfig) -> ManagerState:
     order. Refuses configs no coordinator serves (see the module docstring)."""
     _check_config(config)
     pool = P.new_pool(config.num_blocks, config.enable_caching, config.enable_events,
-                      config.profile)
+                      config.profile, policy=config.policy)
     sinks: list[tuple[BlockId, ...]] = []
     for group in config.groups:
         taken: tuple[BlockId, ...] = ()
@@ -601,7 +604,7 @@ def cache_blocks(state: ManagerState, request: RequestView, num_tokens: int) -> 
             pool, blocks, coarse_hashes(request.block_hashes, config.hash_block_size, bs),
             num_cached, num_full, g,
             token_ids=request.token_ids[num_cached * bs : num_full * bs], block_size=bs,
-            lora_id=request.lora_id,
+            lora_id=request.lora_id, retention=request.retention,
         )
         counts[g] = _put(counts[g], rid, num_full)  # type: ignore[assignment]
     return replace(state, pool=pool, num_cached=tuple(counts))
@@ -667,8 +670,10 @@ def take_events(state: ManagerState) -> tuple[ManagerState, tuple[P.Event, ...]]
 
 def ref_counts_are_references(state: ManagerState) -> bool:
     """Every non-null block's ref count is the number of request lists (and sink
-    reservations) holding it."""
+    reservations, and pins) holding it."""
     counts = [0] * state.config.num_blocks
+    for block in state.pool.pinned:
+        counts[block] += 1
     for table in state.tables:
         for _, blocks in table:
             for block in blocks:
@@ -883,6 +888,7 @@ class Request:
     lora: int | None = None
     salt: str | None = None
     block_hashes: tuple[bytes, ...] = ()
+    retention: tuple[TokenRangeRetention, ...] = ()
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -890,7 +896,8 @@ class Request:
 
     def view(self) -> RequestView:
         return RequestView(self.request_id, len(self.token_ids), self.num_computed_tokens,
-                           self.block_hashes, self.token_ids, self.lora)
+                           self.block_hashes, self.token_ids, self.lora,
+                           retention=self.retention)
 
 
 def extend_block_hashes(hashing: Hashing, block_size: int, request: Request) -> Request:
@@ -934,6 +941,7 @@ class AddRequest:
     prompt: tuple[int, ...]
     lora: int | None = None
     salt: str | None = None
+    retention: tuple[TokenRangeRetention, ...] = ()  # kvspec's request hints
 
 
 @dataclass(frozen=True)
@@ -1017,9 +1025,12 @@ class Usage:
     pass
 
 
+# The pool's policy commands (P.SetRetention, P.AdvanceClock, P.PinBlocks, P.UnpinBlocks) are
+# the manager's too: the manager passes them to its pool.
 ManagerCommand = (NewManager | AddRequest | AppendTokens | SetComputedTokens | GetComputedBlocks
                   | AllocateSlots | Free | CacheBlocks | EvictBlocks | GetNumCommonPrefixBlocks
-                  | GetBlockIds | ResetPrefixCache | TakeEvents | Usage)
+                  | GetBlockIds | ResetPrefixCache | TakeEvents | Usage | P.SetRetention
+                  | P.AdvanceClock | P.PinBlocks | P.UnpinBlocks)
 
 Requests = tuple[tuple[str, Request], ...]  # sorted by id
 Lookups = tuple[tuple[str, GroupBlocks], ...]  # request id -> its last lookup's blocks
@@ -1062,7 +1073,8 @@ def step(session: Session | None, command: ManagerCommand) -> tuple[Session, obj
     bs = state.config.hash_block_size
     c = command
     if isinstance(c, AddRequest):
-        request = Request(c.request_id, tuple(c.prompt), lora=c.lora, salt=c.salt)
+        request = Request(c.request_id, tuple(c.prompt), lora=c.lora, salt=c.salt,
+                          retention=tuple(c.retention))
         session = replace(session, hits=_drop(session.hits, c.request_id))  # type: ignore[arg-type]
         return _with_request(session, extend_block_hashes(session.hashing, bs, request)), None
     if isinstance(c, AppendTokens):
@@ -1109,4 +1121,7 @@ def step(session: Session | None, command: ManagerCommand) -> tuple[Session, obj
         return replace(session, manager=state), events
     if isinstance(c, Usage):
         return session, usage(state)
+    if isinstance(c, P.POLICY_COMMANDS):
+        pool, _ = P.step(state.pool, c)
+        return replace(session, manager=replace(state, pool=pool)), None
     raise BadConfig(f"not a manager command: {command!r}")

@@ -22,6 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from kvspec.spec import eviction as E
+from kvspec.spec.eviction import Policy, PolicyName, Retention, TokenRangeRetention
+
 BlockId = int
 Key = bytes
 NULL_BLOCK: BlockId = 0
@@ -38,10 +41,11 @@ class Profile(Enum):
     V0_33 = "vllm-0.33"
 
     @property
-    def unkeyed_freed_to_head(self) -> bool:
-        """Blocks reaching ref 0 without a key (or with caching off) go to the head of the free
-        order, in the order given, instead of the tail (0.33: LIFO reuse of unkeyed blocks)."""
-        return self is Profile.V0_33
+    def default_policy(self) -> Policy:
+        """The release's eviction policy (`spec.eviction`): 0.13 reuses the least recently
+        freed block; 0.33 first reuses blocks freed without a key (``lru-lifo-unhashed``)."""
+        name = PolicyName.LRU if self is Profile.V0_13 else PolicyName.LRU_LIFO_UNHASHED
+        return Policy(name)
 
     @property
     def stored_event_when_nothing_keyed(self) -> bool:
@@ -106,6 +110,30 @@ class BadConfig(PoolError, ValueError):
     """A pool that cannot be built (a bound on pending events below 1)."""
 
 
+class NotSupported(PoolError, ValueError):
+    """A policy operation the pool's eviction policy does not have (a pin under ``lru``)."""
+
+
+class NotCached(PoolError, LookupError):
+    """A retention priority or a pin for a block without a key."""
+
+
+class BadRetention(PoolError, ValueError):
+    """A retention hint or priority that cannot be honoured (out of [0, 100], ...)."""
+
+
+class ClockWentBack(PoolError, ValueError):
+    """advance_clock to a time before the pool's."""
+
+
+class PinRefused(PoolError, ValueError):
+    """A pin beyond the cap, a block pinned twice, or evicting or freeing what a pin holds."""
+
+
+class NotPinned(PoolError, LookupError):
+    """Unpinning a block that is not pinned."""
+
+
 # --- State -------------------------------------------------------------------------------------
 
 
@@ -126,6 +154,12 @@ class PoolState:
     # Each group's block size, as the last Stored event of the group carried it: what a
     # snapshot's Stored events say (a group has one block size; the pool keeps no other).
     group_block_sizes: tuple[tuple[int, int], ...] = ()
+    # The eviction policy (spec.eviction) and what it keeps: the time, the cached blocks'
+    # retention priorities that are not the default, the pinned blocks (sorted).
+    policy: Policy = Policy()  # noqa: RUF009 (frozen: one shared default is safe)
+    now: int = 0
+    retention: Retention = ()
+    pinned: tuple[BlockId, ...] = ()
 
 
 def new_pool(
@@ -134,8 +168,10 @@ def new_pool(
     enable_events: bool = False,
     profile: Profile = Profile.V0_13,
     max_pending_events: int | None = None,
+    policy: Policy | None = None,
 ) -> PoolState:
-    """A fresh pool: the null block taken, every other block free in id order.
+    """A fresh pool: the null block taken, every other block free in id order. The eviction
+    policy is the profile's unless given.
 
     pre: 1 <= num_blocks <= 64
     raises: PoolError
@@ -145,10 +181,14 @@ def new_pool(
         raise NotEnoughFree(f"a pool needs at least 1 block, got num_blocks={num_blocks}")
     if max_pending_events is not None and max_pending_events < 1:
         raise BadConfig(f"the bound on pending events must be >= 1, got {max_pending_events}")
+    policy = profile.default_policy if policy is None else policy
+    if not 0.0 <= policy.max_pinned_share <= 1.0:
+        raise BadConfig(f"max_pinned_share must be in [0, 1], got {policy.max_pinned_share}")
     return PoolState(
         num_blocks, enable_caching, enable_events, profile,
         ref=(0,) * num_blocks, free=tuple(range(1, num_blocks)),
         key_of=(None,) * num_blocks, cached=(), max_pending_events=max_pending_events,
+        policy=policy,
     )
 
 
@@ -237,25 +277,39 @@ def _uncache(state: PoolState, block: BlockId) -> PoolState:
         return state
     remaining = tuple(b for b in _blocks_under(state, key) if b != block)
     state = _with_blocks_under(state, key, remaining)
-    state = replace(state, key_of=_set_key(state.key_of, block, None))
+    # A retention priority is the cached content's: it goes with the key.
+    state = replace(state, key_of=_set_key(state.key_of, block, None),
+                    retention=tuple(e for e in state.retention if e[0] != block))
     return _emit(state, Removed((external_hash(key),)))
+
+
+def _keyed(state: PoolState) -> frozenset[BlockId]:
+    return frozenset(b for b, key in enumerate(state.key_of) if key is not None)
+
+
+def eviction_order(state: PoolState) -> tuple[BlockId, ...]:
+    """The free blocks in the order get_new_blocks takes them (the policy's choice)."""
+    return E.eviction_order(state.policy, state.free, _keyed(state), state.retention)
 
 
 # --- Operations --------------------------------------------------------------------------------
 
 
 def get_new_blocks(state: PoolState, n: int) -> tuple[PoolState, tuple[BlockId, ...]]:
-    """Pop n blocks from the head of the free order, evict their keys, ref 0 -> 1.
+    """Take the first n blocks of the policy's eviction order (the free order's head, but
+    under ``priority``), evict their keys, ref 0 -> 1.
 
     pre: len(state.ref) == len(state.key_of) == state.num_blocks
     pre: all(0 < b < state.num_blocks for b in state.free)
     raises: PoolError
-    post: __return__[1] == state.free[:n]
+    post: __return__[1] == eviction_order(state)[:n]
+    post: state.policy.has_priorities or __return__[1] == state.free[:n]
     post: all(__return__[0].ref[b] == 1 and __return__[0].key_of[b] is None for b in __return__[1])
     """
     if not 0 <= n <= len(state.free):
         raise NotEnoughFree(f"Cannot get {n} free blocks from the pool ({len(state.free)} free)")
-    taken, state = state.free[:n], replace(state, free=state.free[n:])
+    taken = eviction_order(state)[:n]
+    state = replace(state, free=tuple(b for b in state.free if b not in taken))
     for block in taken:
         state = _uncache(state, block)
         state = replace(state, ref=_set(state.ref, block, 1))
@@ -265,9 +319,11 @@ def get_new_blocks(state: PoolState, n: int) -> tuple[PoolState, tuple[BlockId, 
 def free_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
     """Ref - 1 for each block; the blocks that reach 0 join the free order (null skipped).
 
-    vllm-0.13 appends them all to the tail, in the order they reached 0 (callers pass a
-    request's blocks reversed, so its chain tail is evicted first); vllm-0.33 puts the
-    unkeyed ones at the head instead (kept in that order) and the keyed ones at the tail.
+    Where they go is the policy's (`spec.eviction.place_freed`): ``lru`` (vllm-0.13)
+    appends them all to the tail, in the order they reached 0 (callers pass a request's
+    blocks reversed, so its chain tail is evicted first); ``lru-lifo-unhashed`` (vllm-0.33)
+    puts the unkeyed ones at the head instead (kept in that order). A pinned block keeps the
+    reference its pin holds: freeing that one is refused.
 
     pre: len(state.ref) == len(state.key_of) == state.num_blocks
     raises: PoolError
@@ -281,14 +337,18 @@ def free_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
             continue
         if ref[block] == 0:
             raise NotInUse(f"block {block} is freed with ref count 0")
+        if ref[block] == 1 and block in state.pinned:
+            raise PinRefused(f"block {block} is held only by its pin: unpin it instead")
         ref = _set(ref, block, ref[block] - 1)
         if ref[block] == 0:
             zeroed += (block,)
-    if state.profile.unkeyed_freed_to_head:
-        unkeyed = tuple(b for b in zeroed if state.key_of[b] is None or not state.enable_caching)
-        keyed = tuple(b for b in zeroed if b not in unkeyed)
-        return replace(state, ref=ref, free=unkeyed + state.free + keyed)
-    return replace(state, ref=ref, free=state.free + zeroed)
+    return _released(replace(state, ref=ref), zeroed)
+
+
+def _released(state: PoolState, zeroed: tuple[BlockId, ...]) -> PoolState:
+    """Blocks that just reached ref 0 join the free order where the policy puts them."""
+    unkeyed = frozenset(b for b in zeroed if state.key_of[b] is None or not state.enable_caching)
+    return replace(state, free=E.place_freed(state.policy, state.free, zeroed, unkeyed))
 
 
 def touch(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
@@ -317,8 +377,14 @@ def cache_full_blocks(
     token_ids: Sequence[int] = (),
     block_size: int = 1,
     lora_id: int | None = None,
+    retention: Sequence[TokenRangeRetention] = (),
 ) -> PoolState:
     """Key blocks[num_cached:num_full] with their chain hashes in one group (null skipped).
+
+    Under ``priority``, each newly keyed block i takes the retention priority of the
+    request's hint that covers it (`spec.eviction.block_retention`; block i holds tokens
+    [i * block_size, (i + 1) * block_size)), expiring ``duration`` after now; a malformed
+    hint is refused. Other policies do not read the hints.
 
     One Stored event covers the newly keyed blocks; its parent is the request's hash before
     them (even when that block is null). Nothing happens when num_cached >= num_full or when
@@ -350,9 +416,21 @@ def cache_full_blocks(
             raise AlreadyCached(f"block {block} already has a key")
     if len({b for b, _ in new}) != len(new):
         raise AlreadyCached(f"a block appears twice in {[b for b, _ in new]}")
+    if new and state.policy.has_priorities:
+        for hint in retention:
+            try:
+                E.check_hint(hint)
+            except ValueError as error:
+                raise BadRetention(str(error)) from None
     for block, key in new:
         state = replace(state, key_of=_set_key(state.key_of, block, key))
         state = _with_blocks_under(state, key, _blocks_under(state, key) + (block,))
+    if state.policy.has_priorities and retention:
+        for index in range(num_cached, num_full):
+            covering = E.block_retention(retention, index, block_size)
+            if covering is not None and blocks[index] != NULL_BLOCK:
+                state = _set_retention(state, blocks[index], covering.priority,
+                                       covering.duration)
     if not new and not state.profile.stored_event_when_nothing_keyed:
         return state
     parent = make_key(block_hashes[num_cached - 1], group_id) if num_cached > 0 else None
@@ -399,6 +477,9 @@ def evict_blocks(state: PoolState, block_ids: Iterable[BlockId]) -> PoolState:
     ids = list(dict.fromkeys(block_ids))
     _check_ids(state, ids)
     for block in ids:
+        if block in state.pinned:
+            raise PinRefused(f"block {block} is pinned: unpin it before evicting it")
+    for block in ids:
         state = _uncache(state, block)
     return _bound_events(state)
 
@@ -411,8 +492,109 @@ def reset_prefix_cache(state: PoolState) -> tuple[PoolState, bool]:
     """
     if len(state.free) != state.num_blocks - 1:
         return state, False
-    state = replace(state, key_of=(None,) * state.num_blocks, cached=())
+    state = replace(state, key_of=(None,) * state.num_blocks, cached=(), retention=())
     return _bound_events(_emit(state, Cleared())), True
+
+
+# --- Policy operations (spec.eviction) ---------------------------------------------------------
+
+
+def _require(state: PoolState, has: bool, what: str) -> None:
+    if not has:
+        raise NotSupported(f"the pool's eviction policy {state.policy.name.value!r} has no "
+                           f"{what}")
+
+
+def _set_retention(state: PoolState, block: BlockId, priority: int,
+                   duration: int | None) -> PoolState:
+    """Block's retention: the default priority forever is the absence of an entry."""
+    others = tuple(e for e in state.retention if e[0] != block)
+    if priority == E.DEFAULT_PRIORITY and duration is None:
+        return replace(state, retention=others)
+    expires = None if duration is None else state.now + duration
+    return replace(state, retention=tuple(sorted(others + ((block, priority, expires),))))
+
+
+def set_retention(state: PoolState, blocks: Sequence[BlockId], priority: int,
+                  duration: int | None = None) -> PoolState:
+    """Give cached blocks a retention priority (``priority`` policy), expiring ``duration``
+    after now (None: until the block is evicted); null blocks skipped.
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
+    post: all(E.effective_priority(__return__.retention, True, b) == priority for b in blocks)
+    """
+    _require(state, state.policy.has_priorities, "retention priorities")
+    try:
+        E.check_hint(TokenRangeRetention(0, None, priority, duration))
+    except ValueError as error:
+        raise BadRetention(str(error)) from None
+    _check_ids(state, blocks)
+    for block in blocks:
+        if block != NULL_BLOCK and state.key_of[block] is None:
+            raise NotCached(f"block {block} has no key: only a cached block has a retention "
+                            f"priority")
+    for block in blocks:
+        if block != NULL_BLOCK:
+            state = _set_retention(state, block, priority, duration)
+    return state
+
+
+def advance_clock(state: PoolState, now: int) -> PoolState:
+    """Time moves to ``now``: every priority whose expiry has come reverts to the default.
+
+    raises: PoolError
+    post: __return__.now == now
+    post: all(expires is None or expires > now for _, _, expires in __return__.retention)
+    """
+    if type(now) is not int or now < state.now:
+        raise ClockWentBack(f"the clock is at {state.now}; it cannot go to {now!r}")
+    return replace(state, now=now, retention=E.expire(state.retention, now))
+
+
+def pin_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
+    """Pin cached blocks (``pinned`` policy): each pin holds a reference, so a pinned block
+    is never free, never evicted. Refused beyond the cap (`spec.eviction.pin_cap`).
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
+    post: set(blocks) <= set(__return__.pinned)
+    post: len(__return__.pinned) <= E.pin_cap(state.policy, state.num_blocks)
+    """
+    _require(state, state.policy.has_pins, "pins")
+    _check_ids(state, blocks)
+    if len(set(blocks)) != len(blocks):
+        raise PinRefused(f"a block is listed twice in {list(blocks)}")
+    for block in blocks:
+        if block in state.pinned:
+            raise PinRefused(f"block {block} is already pinned")
+        if block == NULL_BLOCK or state.key_of[block] is None:
+            raise NotCached(f"block {block} has no key: only a cached block can be pinned")
+    cap = E.pin_cap(state.policy, state.num_blocks)
+    if len(state.pinned) + len(blocks) > cap:
+        raise PinRefused(f"pinning {len(blocks)} more blocks would pin "
+                         f"{len(state.pinned) + len(blocks)}, over the cap of {cap}")
+    state = touch(state, blocks)
+    return replace(state, pinned=tuple(sorted(state.pinned + tuple(blocks))))
+
+
+def unpin_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
+    """Drop pins: each releases the reference it held (a block reaching ref 0 joins the
+    free order as a freed block does).
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
+    post: not set(blocks) & set(__return__.pinned)
+    """
+    _require(state, state.policy.has_pins, "pins")
+    _check_ids(state, blocks)
+    if len(set(blocks)) != len(blocks):
+        raise PinRefused(f"a block is listed twice in {list(blocks)}")
+    for block in blocks:
+        if block not in state.pinned:
+            raise NotPinned(f"block {block} is not pinned")
+    state = replace(state, pinned=tuple(b for b in state.pinned if b not in blocks))
+    return free_blocks(state, blocks)
 
 
 def num_free(state: PoolState) -> int:
@@ -453,6 +635,7 @@ class NewPool:
     enable_events: bool = False
     max_pending_events: int | None = None
     profile: Profile = Profile.V0_13
+    policy: Policy | None = None  # the profile's when None
 
 
 @dataclass(frozen=True)
@@ -480,6 +663,7 @@ class CacheFullBlocks:
     token_ids: tuple[int, ...]  # the tokens of blocks [num_cached, num_full)
     block_size: int
     lora_id: int | None = None
+    retention: tuple[TokenRangeRetention, ...] = ()  # the request's hints
 
 
 @dataclass(frozen=True)
@@ -524,9 +708,33 @@ class GetUsage:
     pass
 
 
+@dataclass(frozen=True)
+class SetRetention:
+    block_ids: tuple[BlockId, ...]
+    priority: int
+    duration: int | None = None
+
+
+@dataclass(frozen=True)
+class AdvanceClock:
+    now: int
+
+
+@dataclass(frozen=True)
+class PinBlocks:
+    block_ids: tuple[BlockId, ...]
+
+
+@dataclass(frozen=True)
+class UnpinBlocks:
+    block_ids: tuple[BlockId, ...]
+
+
 PoolCommand = (NewPool | GetNewBlocks | FreeBlocks | Touch | CacheFullBlocks | GetCachedBlock
                | GetCachedPrefix | EvictBlocks | ResetPrefixCache | TakeEvents
-               | GetNumFreeBlocks | GetUsage)
+               | GetNumFreeBlocks | GetUsage | SetRetention | AdvanceClock | PinBlocks
+               | UnpinBlocks)
+POLICY_COMMANDS = (SetRetention, AdvanceClock, PinBlocks, UnpinBlocks)
 
 
 def get_cached_prefix(state: PoolState, block_hashes: Sequence[bytes], group_id: int,
@@ -547,7 +755,7 @@ def step(state: PoolState | None, command: PoolCommand) -> tuple[PoolState, obje
     that return nothing). A refused command raises a `PoolError` and changes nothing."""
     if isinstance(command, NewPool):
         return new_pool(command.num_blocks, command.enable_caching, command.enable_events,
-                        command.profile, command.max_pending_events), None
+                        command.profile, command.max_pending_events, command.policy), None
     if state is None:
         raise BadConfig(f"{command} before the pool is built")
     if isinstance(command, GetNewBlocks):
@@ -559,7 +767,8 @@ def step(state: PoolState | None, command: PoolCommand) -> tuple[PoolState, obje
     if isinstance(command, CacheFullBlocks):
         c = command
         return cache_full_blocks(state, c.block_ids, c.block_hashes, c.num_cached, c.num_full,
-                                 c.group_id, c.token_ids, c.block_size, c.lora_id), None
+                                 c.group_id, c.token_ids, c.block_size, c.lora_id,
+                                 c.retention), None
     if isinstance(command, GetCachedBlock):
         return state, get_cached_block(state, command.block_hash, command.group_ids)
     if isinstance(command, GetCachedPrefix):
@@ -573,4 +782,12 @@ def step(state: PoolState | None, command: PoolCommand) -> tuple[PoolState, obje
         return take_events(state)
     if isinstance(command, GetNumFreeBlocks):
         return state, num_free(state)
+    if isinstance(command, SetRetention):
+        return set_retention(state, command.block_ids, command.priority, command.duration), None
+    if isinstance(command, AdvanceClock):
+        return advance_clock(state, command.now), None
+    if isinstance(command, PinBlocks):
+        return pin_blocks(state, command.block_ids), None
+    if isinstance(command, UnpinBlocks):
+        return unpin_blocks(state, command.block_ids), None
     return state, usage(state)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from kvspec.spec import eviction as E
 from kvspec.spec.pool import NULL_BLOCK, BlockId, Cleared, PoolState, Removed, Stored, external_hash
 
 
@@ -94,9 +95,59 @@ def pending_events_within_bound(state: PoolState) -> bool:
     return len(state.events) - state.num_taken <= max(bound, 2 * keyed + 1)
 
 
+# --- The eviction policies' invariants (spec.eviction) ----------------------------------------
+
+
+def pinned_blocks_stay_cached(state: PoolState) -> bool:
+    """A pinned block is never evicted: it keeps its key and a reference (so it is never
+    free, and get_new_blocks cannot take it)."""
+    return all(state.key_of[b] is not None and state.ref[b] >= 1 and b not in state.free
+               for b in state.pinned)
+
+
+def no_expired_priority(state: PoolState) -> bool:
+    """An expired priority is never used: every retention entry the pool holds is live at
+    its clock (an expired one has reverted to the default)."""
+    return all(expires is None or expires > state.now for _, _, expires in state.retention)
+
+
+def priorities_only_on_cached_blocks(state: PoolState) -> bool:
+    """Retention priorities are in range, one per block, on cached blocks only, and only
+    under a policy that has them."""
+    blocks = [b for b, _, _ in state.retention]
+    return ((state.policy.has_priorities or not blocks)
+            and len(set(blocks)) == len(blocks)
+            and all(0 < b < state.num_blocks and state.key_of[b] is not None
+                    and E.MIN_PRIORITY <= priority <= E.MAX_PRIORITY
+                    for b, priority, _ in state.retention))
+
+
+def evicted_lowest_priority_first(before: PoolState, taken: tuple[BlockId, ...]) -> bool:
+    """No block is evicted while a free block of lower priority exists: get_new_blocks takes
+    its blocks one at a time from ``before``, and each is worth no more than any free block
+    still left at that moment (``priority`` only; a free block without a key is worth
+    least)."""
+    if not before.policy.has_priorities:
+        return True
+    keyed = frozenset(b for b, key in enumerate(before.key_of) if key is not None)
+
+    def worth(block: BlockId) -> int:
+        return E.effective_priority(before.retention, block in keyed, block)
+
+    left = list(before.free)
+    for block in taken:
+        if block not in left or any(worth(other) < worth(block) for other in left):
+            return False
+        left.remove(block)
+    return True
+
+
 def allocated_blocks_are_fresh(state: PoolState, allocated: tuple[BlockId, ...]) -> bool:
-    """Blocks just returned by get_new_blocks have ref count 1 and no key."""
-    return all(state.ref[b] == 1 and state.key_of[b] is None for b in allocated)
+    """Blocks just returned by get_new_blocks have ref count 1, no key and no retention
+    priority (the evicted content's priority went with its key)."""
+    prioritised = {b for b, _, _ in state.retention}
+    return all(state.ref[b] == 1 and state.key_of[b] is None and b not in prioritised
+               for b in allocated)
 
 
 Invariant = Callable[[PoolState], bool]
@@ -112,7 +163,14 @@ ALL: tuple[Invariant, ...] = (
     keys_only_when_caching,
     events_replay_to_cached_keys,
     pending_events_within_bound,
+    pinned_blocks_stay_cached,
+    no_expired_priority,
+    priorities_only_on_cached_blocks,
 )
+# The eviction policies' state invariants (the manager machine checks them on its pool too).
+# The cap on pins is no state invariant of a target: a pin over it is a call the spec refuses
+# (spec.pool.pin_blocks, whose contract CrossHair checks), compared call by call.
+POLICY: tuple[Invariant, ...] = ALL[-3:]
 
 
 def well_formed(state: PoolState) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import logging
@@ -27,7 +28,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -117,6 +118,57 @@ def _build_manager(target: str, profile: Profile) -> LayerMachine:
         manager_machine.machine_for(vllm_targets.vllm_manager_013_target, tuple(layouts)),
         vllm_targets.VLLM_MANAGER, "vLLM 0.13 KVCacheManager API", out_of_contract,
         notes=tuple(f"layout left out: {reason}" for reason in left_out))
+
+
+def _policy_layer(layer: str, policy_name: str, target: str, profile: Profile) -> LayerMachine:
+    """The pool or manager machine under an eviction policy (``--policy``): for ``impl``,
+    impl's plug-in of that policy; for a ``module:Class`` that is an impl `EvictionPolicy`
+    plug-in, impl's pool (and manager) built with it; for any other class, a pool with vLLM
+    0.13's API and kvspec's policy calls that claims the policy itself (pool layer only)."""
+    from kvspec.impl.eviction import EvictionPolicy
+    from kvspec.spec.conformance import manager_machine, pool_machine
+    from kvspec.spec.conformance.targets import IMPL_POLICIES, VllmApiPool, load
+    from kvspec.spec.eviction import policy_named
+
+    try:
+        policy = policy_named(policy_name)
+    except ValueError as error:
+        raise TargetError(str(error)) from None
+    plug_in: str | None
+    pool_path = "kvspec.impl.block_pool:BlockPool"
+    if target == "impl":
+        plug_in = IMPL_POLICIES.get(policy_name)
+    elif ":" in target:
+        try:
+            found = load(target)
+        except (ImportError, AttributeError) as error:
+            raise TargetError(f"cannot load target {target!r}: {error}") from error
+        if isinstance(found, type) and issubclass(found, EvictionPolicy):
+            plug_in = target
+        else:
+            plug_in, pool_path = None, target
+    else:
+        raise LayerUnavailable(f"--policy audits impl or a module:Class target, not {target!r}")
+    shown = plug_in or pool_path
+    if layer == "manager":
+        if pool_path != "kvspec.impl.block_pool:BlockPool":
+            raise LayerUnavailable("a pool class is audited on the pool layer only")
+        return LayerMachine(
+            manager_machine.machine_for(lambda: manager_machine.ImplManager(plug_in),
+                                        policy=policy),
+            shown, f"impl's KVCacheManager with eviction policy {policy_name}",
+            frozenset(manager_machine.OUT_OF_CONTRACT))
+
+    def make() -> VllmApiPool:
+        return VllmApiPool(pool_path, policy_path=plug_in)
+    try:
+        make().perform(NewPool(2, True, True, policy=policy))
+    except Exception as error:
+        raise TargetError(f"cannot build target {shown!r} as a BlockPool with policy "
+                          f"{policy_name}: {type(error).__name__}: {error}") from error
+    return LayerMachine(pool_machine.machine_for(make, profile, policy), shown,
+                        f"vLLM 0.13 BlockPool API + eviction policy {policy_name}",
+                        frozenset(pool_machine.OUT_OF_CONTRACT))
 
 
 def _component_layer(module_name: str, target: str, api: str) -> LayerMachine:
@@ -602,15 +654,27 @@ def _verdict(steps: int, failing: bool, excluded: bool) -> str:
 def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
               scope: str = "all", seed_base: int | None = None,
               progress: ProgressHook | None = None,
-              step_deadline: float | None = None) -> AuditResult:
+              step_deadline: float | None = None, policy: str | None = None) -> AuditResult:
     """Audit every layer ``layer`` selects; the budget is shared equally among them. A step
     that has not returned after ``step_deadline`` seconds (default: ``KVSPEC_STEP_DEADLINE``
-    or `deadline.DEFAULT_SECONDS`; 0: none) is a discrepancy."""
+    or `deadline.DEFAULT_SECONDS`; 0: none) is a discrepancy. With ``policy`` (an eviction
+    policy's name, `spec.eviction`), the pool and manager layers run under that policy
+    (`_policy_layer`) and the other layers are left out."""
     import random
 
     from kvspec.spec.conformance.vllm_targets import vllm_version
 
     names = layers_for(layer, target)
+    layers = {name: LAYERS[name] for name in names}
+    if policy is not None:
+        if layer == "auto":
+            names = ["pool", "manager"]
+        names = [name for name in names if name in ("pool", "manager")]
+        if not names:
+            raise TargetError(f"--policy audits the pool and manager layers, not {layer!r}")
+        layers = {name: replace(LAYERS[name], build=functools.partial(_policy_layer, name,
+                                                                      policy))
+                  for name in names}
     if seed_base is None:
         seed_base = random.randrange(2**31)
     version = vllm_version() if target == "vllm" or target.startswith("vllm.") else None
@@ -618,7 +682,7 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
     results: list[LayerResult] = []
     for index, name in enumerate(names):
         share = (budget - (time.perf_counter() - start)) / (len(names) - index)
-        results.append(run_layer(LAYERS[name], target, profile, max(share, 1.0), seed_base,
+        results.append(run_layer(layers[name], target, profile, max(share, 1.0), seed_base,
                                  scope, progress, step_deadline=step_deadline))
     audit = AuditResult(target, profile.value, scope, budget, seed_base, sys.executable,
                         version, results, step_deadline=configured_seconds(step_deadline))

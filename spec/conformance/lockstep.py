@@ -96,9 +96,14 @@ class Lockstep(Generic[S]):
     """
 
     def __init__(self, step: StepFunction, adapter: Adapter[Any],
-                 check_representation: bool = True) -> None:
+                 check_representation: bool = True,
+                 judge: Callable[[Any, Any], None] | None = None) -> None:
         self.step = step
         self.adapter = adapter
+        # Named checks of a step's own output (``judge(command, target_output)``), run before
+        # the output is compared with the spec's: a transition invariant (which blocks an
+        # allocation may take) is reported by its name, not as a difference.
+        self.judge = judge
         # False: the machine runs the target's representation check itself, as its last
         # invariant, so that a bug the spec's named invariants see is reported by them.
         self.check_representation = check_representation
@@ -122,6 +127,8 @@ class Lockstep(Generic[S]):
             raise Discrepancy(f"{command}: the spec accepts it (output {expected!r}); the "
                               f"target refused with {type(error).__name__}: {error}") from error
         self.state = new_state
+        if self.judge is not None:
+            self.judge(command, actual)
         if actual != expected:
             raise Discrepancy(f"{command}: target {actual!r}, spec {expected!r}")
         if self.check_representation:

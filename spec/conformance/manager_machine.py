@@ -51,10 +51,12 @@ from kvspec.spec import (
     hashing as hashing_model,
     manager as model,
     pool as pool_model,
+    pool_invariants,
 )
 from kvspec.spec.conformance.deadline import BoundedSteps
 from kvspec.spec.conformance.lockstep import Lockstep, Refused
-from kvspec.spec.conformance.targets import spec_events
+from kvspec.spec.conformance.targets import load, plug_in_arguments, spec_events
+from kvspec.spec.eviction import Policy, TokenRangeRetention
 from kvspec.spec.manager import GroupSpec, Kind, ManagerConfig, Session
 
 # --- What the machine sees of a target ---------------------------------------------------------
@@ -74,6 +76,10 @@ class ManagerView:
     key_of: tuple[bytes | None, ...]
     pending_events: tuple[pool_model.Event, ...]
     block_hashes: tuple[tuple[str, tuple[bytes, ...]], ...]  # per request, sorted by id
+    # The pool's eviction-policy state (clock, retention, pinned), as targets.PoolView has it.
+    now: int = 0
+    retention: tuple[tuple[int, int, int | None], ...] = ()
+    pinned: tuple[int, ...] = ()
 
 
 def view_of(session: Session) -> ManagerView:
@@ -88,6 +94,7 @@ def view_of(session: Session) -> ManagerView:
         key_of=state.pool.key_of,
         pending_events=state.pool.events[state.pool.num_taken:],
         block_hashes=tuple((rid, r.block_hashes) for rid, r in session.requests),
+        now=state.pool.now, retention=state.pool.retention, pinned=state.pool.pinned,
     )
 
 
@@ -106,6 +113,7 @@ def manager_view(manager: Any, requests: Mapping[str, Any]) -> ManagerView:
             (rid, n) for rid, n in single.num_cached_block.items() if n
         )))
     blocks = [pool.blocks[i] for i in range(pool.num_gpu_blocks)]
+    policy = getattr(pool, "eviction_policy", None)
     return ManagerView(
         tables=tuple(tables),
         num_cached=tuple(counts),
@@ -114,6 +122,9 @@ def manager_view(manager: Any, requests: Mapping[str, Any]) -> ManagerView:
         key_of=(None, *tuple(b.block_hash for b in blocks[1:])),
         pending_events=spec_events(getattr(pool, "kv_event_queue", ())),
         block_hashes=tuple(sorted((rid, tuple(r.block_hashes)) for rid, r in requests.items())),
+        now=int(getattr(pool, "clock", 0)),
+        retention=() if policy is None else tuple(policy.retention()),
+        pinned=() if policy is None else tuple(policy.pinned_ids()),
     )
 
 
@@ -354,7 +365,9 @@ class ImplManager:
     variable = "manager"
     manager_path = "kvspec.impl.kv_cache_manager:KVCacheManager"
 
-    def __init__(self) -> None:
+    def __init__(self, policy_path: str | None = None) -> None:
+        # An eviction-policy plug-in class (``module:Class``) the manager is built with.
+        self.policy_path = policy_path
         self.manager: Any = None
         self.requests: dict[str, Any] = {}
         self.hits: dict[str, Any] = {}  # request id -> its last get_computed_blocks blocks
@@ -379,10 +392,12 @@ class ImplManager:
         from kvspec.impl.kv_cache_manager import KVCacheManager
 
         c = command.config
+        policy = {} if self.policy_path is None else {
+            "eviction_policy": load(self.policy_path)(**plug_in_arguments(c.policy))}
         return KVCacheManager(
             kv_cache_config(command.layout, c.num_blocks), max_model_len=c.max_model_len,
             hash_block_size=c.hash_block_size, enable_caching=c.enable_caching,
-            use_eagle=c.use_eagle, enable_kv_cache_events=c.enable_events)
+            use_eagle=c.use_eagle, enable_kv_cache_events=c.enable_events, **policy)
 
     def _new_request(self, command: model.AddRequest) -> Any:
         from kvspec.impl.hashing import get_request_block_hasher, sha256
@@ -394,7 +409,8 @@ class ImplManager:
             lora_request=None if lora is None else LoRARequest(
                 model.lora_name(lora), lora, model.lora_path(lora)),
             cache_salt=command.salt,
-            block_hasher=get_request_block_hasher(self.hash_block_size, sha256))
+            block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
+            kv_retention=list(command.retention))
 
     def _stand_in(self, request_id: str) -> Any:
         """A request the manager never saw, to free."""
@@ -451,6 +467,18 @@ class ImplManager:
             return spec_events(manager.take_events())
         if isinstance(c, model.Usage):
             return float(manager.usage)
+        if isinstance(c, pool_model.SetRetention):
+            manager.set_retention(list(c.block_ids), c.priority, c.duration)
+            return None
+        if isinstance(c, pool_model.AdvanceClock):
+            manager.advance_clock(c.now)
+            return None
+        if isinstance(c, pool_model.PinBlocks):
+            manager.pin_blocks(list(c.block_ids))
+            return None
+        if isinstance(c, pool_model.UnpinBlocks):
+            manager.unpin_blocks(list(c.block_ids))
+            return None
         raise LookupError(f"not a manager command: {command!r}")
 
     def view(self) -> ManagerView:
@@ -471,7 +499,12 @@ class ImplManager:
                 *self._checker_imports()]
 
     def _checker_imports(self) -> list[str]:
-        return ["from kvspec.spec.conformance.manager_machine import (ManagerView, "
+        plug_in = []
+        if self.policy_path is not None:
+            module_name, _, name = self.policy_path.partition(":")
+            plug_in = [f"from {module_name} import {name}",
+                       "from kvspec.spec.eviction import TokenRangeRetention"]
+        return [*plug_in,"from kvspec.spec.conformance.manager_machine import (ManagerView, "
                 "block_ids_or_none, hit_ids,\n    id_tuples, kv_cache_config, manager_view, "
                 "seed_none_hash)",
                 "from kvspec.spec.conformance.targets import spec_events",
@@ -484,9 +517,11 @@ class ImplManager:
         lora = "None" if command.lora is None else (
             f"LoRARequest({model.lora_name(command.lora)!r}, {command.lora}, "
             f"{model.lora_path(command.lora)!r})")
+        hints = f", kv_retention={list(command.retention)!r}" if command.retention else ""
         return (f"Request({command.request_id!r}, {list(command.prompt)!r}, "
                 f"lora_request={lora}, cache_salt={command.salt!r}, "
-                f"block_hasher=get_request_block_hasher({self.hash_block_size}, sha256))")
+                f"block_hasher=get_request_block_hasher({self.hash_block_size}, sha256)"
+                f"{hints})")
 
     def _stand_in_source(self, request_id: str) -> str:
         return f"Request({request_id!r}, [0])"
@@ -501,7 +536,7 @@ class ImplManager:
                     f"KVCacheManager(\n        {self._config_source(c)}, "
                     f"max_model_len={k.max_model_len}, hash_block_size={k.hash_block_size},\n"
                     f"        enable_caching={k.enable_caching}, use_eagle={k.use_eagle}, "
-                    f"enable_kv_cache_events={k.enable_events})")
+                    f"enable_kv_cache_events={k.enable_events}{self._policy_source(k.policy)})")
         if isinstance(c, model.AddRequest):
             if c.request_id not in self.written:
                 self.written.append(c.request_id)
@@ -535,7 +570,21 @@ class ImplManager:
             return "manager.reset_prefix_cache()"
         if isinstance(c, model.TakeEvents):
             return "manager.take_events()"
+        if isinstance(c, pool_model.SetRetention):
+            return f"manager.set_retention({list(c.block_ids)}, {c.priority}, {c.duration})"
+        if isinstance(c, pool_model.AdvanceClock):
+            return f"manager.advance_clock({c.now})"
+        if isinstance(c, pool_model.PinBlocks):
+            return f"manager.pin_blocks({list(c.block_ids)})"
+        if isinstance(c, pool_model.UnpinBlocks):
+            return f"manager.unpin_blocks({list(c.block_ids)})"
         return "manager.usage"
+
+    def _policy_source(self, policy: Policy | None) -> str:
+        if self.policy_path is None:
+            return ""
+        arguments = "".join(f"{k}={v!r}" for k, v in plug_in_arguments(policy).items())
+        return f", eviction_policy={self.policy_path.partition(':')[2]}({arguments})"
 
     def output_source(self, command: Any, expression: str) -> str:
         if isinstance(command, model.GetComputedBlocks):
@@ -556,6 +605,15 @@ class ImplManager:
 
 
 # --- The machine -------------------------------------------------------------------------------
+
+# Retention hints a request may carry (token positions of its prompt): none, a kept system
+# prefix, a short-lived conversation, a demoted tail.
+REQUEST_HINTS = st.sampled_from([
+    (), (),
+    (TokenRangeRetention(0, 8, 90),),
+    (TokenRangeRetention(0, None, 60, 3),),
+    (TokenRangeRetention(0, 8, 80), TokenRangeRetention(8, None, 5, 2)),
+])
 
 PREFIXES: tuple[tuple[int, ...], ...] = (
     tuple(range(100, 124)),
@@ -594,6 +652,7 @@ class ManagerMachine(BoundedSteps):
 
     make_target: Callable[[], ImplManager]
     layouts: tuple[Layout, ...] = ()  # set by machine_for (ALL_LAYOUTS by default)
+    policy: Policy | None = None  # the pool's eviction policy (spec.eviction)
     excluded: frozenset[str] = frozenset()  # situations an audit has already reported
     situation = ""  # what the current step is doing, named for an audit's report
     waiting = Bundle("waiting")
@@ -692,6 +751,7 @@ class ManagerMachine(BoundedSteps):
             event("EAGLE")
         self.layout = layout
         config = spec_config(layout, kv_cache_config(layout.name, num_blocks), caching, events)
+        config = replace(config, policy=self.policy)
         self.lockstep(model.NewManager(config, self.target.hashing(), layout.name))
         event(f"layout {layout.name}")
         event(f"caching {'on' if caching else 'off'}")
@@ -703,22 +763,24 @@ class ManagerMachine(BoundedSteps):
           prefix_len=st.sampled_from([0, 4, 8, 12, 16, 20, 24]) | st.integers(0, 24),
           suffix=st.lists(st.integers(0, 3), min_size=1, max_size=6),
           salt=st.sampled_from([None, None, None, None, None, "salt-a", "lora-1"]),
-          lora=st.sampled_from([None, None, None, None, 1]))
+          lora=st.sampled_from([None, None, None, None, 1]), hints=REQUEST_HINTS)
     def add_request(self, prefix: int, prefix_len: int, suffix: list[int], salt: str | None,
-                    lora: int | None) -> str:
+                    lora: int | None, hints: tuple[TokenRangeRetention, ...]) -> str:
         """A new prompt: a shared prefix (so prefixes hit) and a short own suffix. (A salt
-        equal to a LoRA name is where untagged extra keys collide.)"""
+        equal to a LoRA name is where untagged extra keys collide.) It may carry retention
+        hints, which a pool with the priority policy reads."""
         if salt is not None:
             event("cache salt")
         if lora is not None:
             event("LoRA adapter")
-        return self._add(PREFIXES[prefix][:prefix_len] + tuple(suffix), salt, lora)
+        return self._add(PREFIXES[prefix][:prefix_len] + tuple(suffix), salt, lora, hints)
 
-    def _add(self, prompt: tuple[int, ...], salt: str | None, lora: int | None) -> str:
+    def _add(self, prompt: tuple[int, ...], salt: str | None, lora: int | None,
+             hints: tuple[TokenRangeRetention, ...] = ()) -> str:
         prompt = prompt[-(self.layout.max_model_len - 1):]
         request_id = f"req-{self.next_id:03d}"
         self.next_id += 1
-        self.lockstep(model.AddRequest(request_id, prompt, lora, salt))
+        self.lockstep(model.AddRequest(request_id, prompt, lora, salt, hints))
         self.tracked[request_id] = Tracked(request_id, encoder_tokens=self.layout.encoder_tokens)
         return request_id
 
@@ -878,6 +940,53 @@ class ManagerMachine(BoundedSteps):
             self.lockstep(model.EvictBlocks((block,)))
         event("evict cached blocks")
 
+    # -- rules: what an eviction policy offers (spec.eviction), through the manager --------
+
+    def _policy_has(self, what: str) -> bool:
+        return self.lockstep.state is not None and getattr(self.state.pool.policy, what)
+
+    def _cached_blocks(self) -> list[int]:
+        pool = self.state.pool
+        return [b for b, key in enumerate(pool.key_of) if key is not None]
+
+    @precondition(lambda self: (self._policy_has("has_priorities") or self._policy_has(
+        "has_pins")) and self._every(3, 1))
+    @rule(delta=st.sampled_from([1, 1, 2, 4]))
+    def advance_clock(self, delta: int) -> None:
+        """Time passes: priorities whose expiry has come revert to the default."""
+        live = len(self.state.pool.retention)
+        self.lockstep(pool_model.AdvanceClock(self.state.pool.now + delta))
+        if len(self.state.pool.retention) < live:
+            event("a priority expired")
+
+    @precondition(lambda self: self._policy_has("has_priorities") and self._every(3, 2))
+    @rule(pick=st.integers(0, 63), priority=st.sampled_from([0, 20, 35, 80]),
+          duration=st.sampled_from([None, 2]))
+    def set_retention(self, pick: int, priority: int, duration: int | None) -> None:
+        """A client re-prioritises a cached block (demotes or keeps it)."""
+        cached = self._cached_blocks()
+        if cached:
+            self.lockstep(pool_model.SetRetention((cached[pick % len(cached)],), priority,
+                                                  duration))
+
+    @precondition(lambda self: self._policy_has("has_pins") and self._every(2, 1))
+    @rule(pick=st.integers(0, 63))
+    def pin_cached_block(self, pick: int) -> None:
+        """Pin a cached block (a system prompt's): refused over the cap."""
+        pinned = self.state.pool.pinned
+        cached = [b for b in self._cached_blocks() if b not in pinned]
+        if cached:
+            output = self.lockstep(pool_model.PinBlocks((cached[pick % len(cached)],)))
+            event("pin refused" if isinstance(output, Refused) else "pinned")
+
+    @precondition(lambda self: self._policy_has("has_pins") and bool(
+        self.state.pool.pinned) and self._every(2))
+    @rule(pick=st.integers(0, 63))
+    def unpin_block(self, pick: int) -> None:
+        pinned = self.state.pool.pinned
+        self.lockstep(pool_model.UnpinBlocks((pinned[pick % len(pinned)],)))
+        event("unpinned")
+
     @rule(request_id=running)
     def inspect_request(self, request_id: str) -> None:
         """What the scheduler reads of a running request: the blocks every running request
@@ -976,7 +1085,8 @@ class ManagerMachine(BoundedSteps):
         requests = tuple((rid, replace(r, block_hashes=hashes.get(rid, r.block_hashes)))
                          for rid, r in spec.requests)
         pool = replace(state.pool, ref=view.ref, free=view.free, key_of=view.key_of,
-                       events=self.taken + view.pending_events, num_taken=len(self.taken))
+                       events=self.taken + view.pending_events, num_taken=len(self.taken),
+                       now=view.now, retention=view.retention, pinned=view.pinned)
         manager = replace(state, pool=pool, tables=view.tables, num_cached=view.num_cached)
         return replace(spec, manager=manager, requests=requests)
 
@@ -1002,7 +1112,8 @@ class ManagerMachine(BoundedSteps):
         actual, expected = self._target_view(), view_of(self.spec)
         if actual != expected:
             note(f"target: {actual}\nspec:   {expected}")
-        for name in ("tables", "num_cached", "ref", "free", "key_of", "pending_events"):
+        for name in ("tables", "num_cached", "ref", "free", "key_of", "pending_events", "now",
+                     "retention", "pinned"):
             assert getattr(actual, name) == getattr(expected, name), (
                 f"{name}: target {getattr(actual, name)}, spec {getattr(expected, name)}")
 
@@ -1035,6 +1146,8 @@ def _add_named_invariants(cls: type[ManagerMachine]) -> None:
                for p in (model.request_blocks_match_hashes, model.blocks_cover_computed_tokens)]
     # A router's view of the events every group's pool calls emitted (spec.event_consumer).
     checks += [(p.__name__, of_pool(p), p.__doc__) for p in event_consumer.ALL]
+    # The eviction policies' (spec.eviction), on the manager's pool.
+    checks += [(p.__name__, of_pool(p), p.__doc__) for p in pool_invariants.POLICY]
     for name, predicate, doc in checks:
         def check(self: ManagerMachine, name: str = name,
                   predicate: Callable[[Session], bool] = predicate) -> None:
@@ -1060,7 +1173,10 @@ def _sink_blocks(config: Any) -> int:
 
 
 def machine_for(make_target: Callable[[], Any],
-                layouts: tuple[Layout, ...] = ALL_LAYOUTS) -> type[ManagerMachine]:
-    """A ManagerMachine subclass checking adapters made by make_target on layouts."""
+                layouts: tuple[Layout, ...] = ALL_LAYOUTS,
+                policy: Policy | None = None) -> type[ManagerMachine]:
+    """A ManagerMachine subclass checking adapters made by make_target on layouts (under an
+    eviction policy: the profile's when None)."""
     return type("ManagerConformance", (ManagerMachine,),
-                {"make_target": staticmethod(make_target), "layouts": tuple(layouts)})
+                {"make_target": staticmethod(make_target), "layouts": tuple(layouts),
+                 "policy": policy})

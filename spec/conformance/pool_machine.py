@@ -11,6 +11,12 @@ the target's abstract state (`PoolView`) must equal the spec's and every named i
 `Held` value in the ``held`` Bundle. Pools are tiny (2-16 blocks) and keys few, so
 exhaustion, eviction, duplicate keys and hits on free blocks happen all the time.
 
+Under an eviction policy (`spec.eviction`, ``machine_for(..., policy=...)``) the machine
+also does what the policy offers: requests carry retention hints per token range, priorities
+are set, the clock advances, blocks are pinned and unpinned, and the policy's bad calls are
+made; its invariants (`pool_invariants.pinned_blocks_stay_cached`, `no_expired_priority`, ...)
+hold after every step, and `evicted_lowest_priority_first` judges every allocation's output.
+
 `machine_for(make_adapter)` builds a TestCase class for any pool adapter.
 """
 
@@ -35,6 +41,7 @@ from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.spec.conformance.deadline import BoundedSteps
 from kvspec.spec.conformance.lockstep import Lockstep, Refused, add_named_invariants
 from kvspec.spec.conformance.targets import PoolView, VllmApiPool, view_of
+from kvspec.spec.eviction import Policy, TokenRangeRetention
 from kvspec.spec.pool import NULL_BLOCK, PoolState, Profile
 
 BLOCK_SIZE = 2
@@ -45,6 +52,7 @@ BAD_CALLS = (
     "bad_free_unreferenced", "bad_free_outside_pool", "bad_touch_outside_pool",
     "bad_alloc_negative", "bad_alloc_too_many", "bad_cache_keyed_block",
     "bad_evict_outside_pool", "bad_evict_negative_id", "bad_malformed_hash",
+    "bad_retention", "bad_clock_backwards", "bad_pin", "bad_unpin", "bad_free_pinned",
 )
 # Bounds on pending events (kvspec's pool; a target without them gets None): small, so that
 # collapses into a snapshot happen within a program.
@@ -52,6 +60,18 @@ EVENT_BOUNDS = st.sampled_from([None, None, 1, 2, 3, 6])
 # Situations vLLM's own callers never create (its KV-cache managers guard them): an audit
 # with --scope contract leaves them out.
 OUT_OF_CONTRACT = frozenset(BAD_CALLS) | {"cache_full_blocks with caching off"}
+
+
+# Retention hints a request may carry (read under ``priority``; block i holds tokens
+# [2i, 2i + 2)): none, a kept system prompt, a demoted tail, a short-lived hot range.
+HINTS = st.sampled_from([
+    (),
+    (TokenRangeRetention(0, 2, 90),),
+    (TokenRangeRetention(0, 2, 80), TokenRangeRetention(2, None, 10, 3)),
+    (TokenRangeRetention(0, None, 60, 2),),
+    (TokenRangeRetention(2, 6, 0),),
+    (TokenRangeRetention(0, None, 20), TokenRangeRetention(0, 4, 70, 3)),  # overlapping
+])
 
 
 def chain_hash(family: int, index: int) -> bytes:
@@ -73,6 +93,7 @@ class Held:
     group: int
     blocks: tuple[int, ...]
     lora_id: int | None = None
+    retention: tuple[TokenRangeRetention, ...] = ()
 
 
 class PoolMachine(BoundedSteps):
@@ -81,6 +102,8 @@ class PoolMachine(BoundedSteps):
 
     make_adapter: Callable[[], VllmApiPool]
     profile: Profile = Profile.V0_13
+    policy: Policy | None = None  # the profile's when None
+    max_blocks = 16  # the largest pool drawn (a policy's machine: 8, for more eviction)
     excluded: frozenset[str] = frozenset()  # situations an audit has already reported
     situation = ""  # what the current step is doing, named for an audit's report
     held = Bundle("held")
@@ -90,7 +113,9 @@ class PoolMachine(BoundedSteps):
         super().__init__()
         self.adapter = type(self).make_adapter()
         self.lockstep: Lockstep[PoolState] = Lockstep(model.step, self.adapter,
-                                                      check_representation=False)
+                                                      check_representation=False,
+                                                      judge=self._judge)
+        self.before_allocation: PoolState | None = None  # the target's, for the judge
         self.num_cached: dict[int, int] = {}  # Held.uid -> blocks keyed so far
         self.next_uid = 0
         self.taken: tuple[model.Event, ...] = ()  # every event take_events handed out
@@ -113,6 +138,12 @@ class PoolMachine(BoundedSteps):
         that nine of them do not crowd out what an engine does."""
         return len(self.lockstep.performed) % 3 == 0
 
+    def maintenance_now(self) -> bool:
+        """A policy's machine runs a KV connector's evictions and resets on one step in
+        three, so that requests (admitted, cached, finished) fill the programs and blocks
+        of different priorities meet at allocation; the lru machine runs them every step."""
+        return self.policy is None or len(self.lockstep.performed) % 3 == 1
+
     def _refuse(self, command: Any) -> None:
         """A bad call: the spec must refuse it (the lockstep checks the target does too)."""
         output = self.lockstep(command)
@@ -122,7 +153,7 @@ class PoolMachine(BoundedSteps):
     # -- set-up --------------------------------------------------------------------------
 
     @initialize(
-        num_blocks=st.integers(2, 16),
+        num_blocks=st.integers(2, 16),  # scaled into [2, max_blocks] by build
         enable_caching=st.sampled_from([True, True, True, False]),
         enable_events=st.booleans(),
         event_bound=EVENT_BOUNDS,
@@ -132,11 +163,12 @@ class PoolMachine(BoundedSteps):
               event_bound: int | None, consumer_stalls: bool) -> None:
         if not self.adapter.supports_event_bound():
             event_bound = None  # vLLM's pools keep every event
+        num_blocks = 2 + (num_blocks - 2) * (self.max_blocks - 2) // 14
         # With a bound, the consumer may stall (take_events is never called): events then
         # pile up to collapses over a cache with blocks in it.
         self.consumer_stalls = consumer_stalls and event_bound is not None
         self.lockstep(model.NewPool(num_blocks, enable_caching, enable_events, event_bound,
-                                    self.profile))
+                                    self.profile, self.policy))
         event(f"pool size {'<=4' if num_blocks <= 4 else '5-8' if num_blocks <= 8 else '9-16'}")
 
     # -- rules: what a serving engine does -----------------------------------------------
@@ -144,9 +176,10 @@ class PoolMachine(BoundedSteps):
     @rule(target=held, family=st.integers(0, NUM_FAMILIES - 1),
           group=st.sampled_from((0, 0, 0, 1)), both_groups=st.sampled_from([False] * 3 + [True]),
           lora_id=st.sampled_from([None, None, 7]), num_new=st.integers(0, 4),
-          max_prefix=st.integers(0, 5), cache_now=st.booleans())
+          max_prefix=st.integers(0, 5), cache_now=st.booleans(), hints=HINTS)
     def admit_request(self, family: int, group: int, both_groups: bool, lora_id: int | None,
-                      num_new: int, max_prefix: int, cache_now: bool) -> Any:
+                      num_new: int, max_prefix: int, cache_now: bool,
+                      hints: tuple[TokenRangeRetention, ...]) -> Any:
         """Look up the cached prefix, touch the hits, allocate the rest (may exhaust the pool),
         and maybe key its full blocks at once (a prompt that fills its blocks)."""
         groups = GROUPS if both_groups else (group,)
@@ -168,9 +201,13 @@ class PoolMachine(BoundedSteps):
                 event("hit on a block in use (shared)")
             self.lockstep(model.Touch(tuple(hits)))
         free_before = model.num_free(self.spec)
-        if any(self.spec.key_of[b] is not None for b in self.spec.free[:num_new]):
+        if any(self.spec.key_of[b] is not None for b in model.eviction_order(self.spec)[:num_new]):
             event("allocation evicts a cached block")
+        if self.spec.retention and model.eviction_order(self.spec) != self.spec.free:
+            event("priority reorders eviction")
+        self.before_allocation = self.target_state()
         allocated = self.lockstep(model.GetNewBlocks(num_new))
+        self.before_allocation = None
         if isinstance(allocated, Refused):
             event("allocation refused: pool exhausted")
             if hits:
@@ -181,7 +218,7 @@ class PoolMachine(BoundedSteps):
             event("allocation took every free block")
         self.next_uid += 1
         self.num_cached[self.next_uid] = len(hits)
-        held = Held(self.next_uid, family, group, tuple(hits) + allocated, lora_id)
+        held = Held(self.next_uid, family, group, tuple(hits) + allocated, lora_id, hints)
         if cache_now:
             self.invariant_allocated_blocks_are_fresh()  # before caching keys them
             self._cache(held, len(held.blocks))
@@ -217,7 +254,7 @@ class PoolMachine(BoundedSteps):
         tokens = tuple(t for i in range(num_cached, num_full)
                        for t in chain_tokens(held.family, i))
         self.lockstep(model.CacheFullBlocks(blocks, hashes, num_cached, num_full, held.group,
-                                            tokens, BLOCK_SIZE, held.lora_id))
+                                            tokens, BLOCK_SIZE, held.lora_id, held.retention))
         self.num_cached[held.uid] = num_full
         if NULL_BLOCK in blocks[num_cached:num_full]:
             event("cached a range with a null block in it")
@@ -248,12 +285,14 @@ class PoolMachine(BoundedSteps):
         if model.num_free(self.spec) == self.spec.num_blocks - 1:
             event("pool fully free")
 
+    @precondition(maintenance_now)
     @rule(block_ids=st.lists(st.integers(0, 15), max_size=3, unique=True))
     def evict_blocks(self, block_ids: list[int]) -> None:
         """A KV connector evicts some blocks' keys."""
         n = self.spec.num_blocks
         self.lockstep(model.EvictBlocks(tuple(dict.fromkeys(b % n for b in block_ids))))
 
+    @precondition(maintenance_now)
     @rule(attempt=st.integers(0, 3))
     def reset_prefix_cache(self, attempt: int) -> None:
         """Reset the prefix cache (as after a weight update); tried on a quarter of draws."""
@@ -261,6 +300,61 @@ class PoolMachine(BoundedSteps):
             return
         done = self.lockstep(model.ResetPrefixCache())
         event(f"reset {'succeeded' if done else 'refused: blocks in use'}")
+
+    # -- rules: what an eviction policy offers (spec.eviction) ---------------------------
+
+    def _has_priorities(self) -> bool:
+        return self.lockstep.state is not None and self.spec.policy.has_priorities
+
+    def _has_pins(self) -> bool:
+        return self.lockstep.state is not None and self.spec.policy.has_pins
+
+    @precondition(_has_priorities)
+    @rule(pick=st.integers(0, 15), count=st.integers(1, 2),
+          priority=st.sampled_from([0, 10, 35, 60, 100]),
+          duration=st.sampled_from([None, None, 1, 3]))
+    def set_retention(self, pick: int, count: int, priority: int, duration: int | None) -> None:
+        """Re-prioritise cached blocks (a client's retention call: demote or keep)."""
+        keyed = self._keyed()
+        if not keyed:
+            return
+        chosen = tuple(keyed[(pick + i) % len(keyed)] for i in range(min(count, len(keyed))))
+        if any(self.spec.ref[b] == 0 for b in chosen):
+            event("priority of a free block changed")
+        self.lockstep(model.SetRetention(tuple(dict.fromkeys(chosen)), priority, duration))
+
+    @precondition(lambda self: (self._has_priorities() or self._has_pins())
+                  and self.maintenance_now())
+    @rule(delta=st.sampled_from([0, 1, 1, 2, 5]))
+    def advance_clock(self, delta: int) -> None:
+        """Time passes: priorities whose expiry has come revert to the default."""
+        live = len(self.spec.retention)
+        self.lockstep(model.AdvanceClock(self.spec.now + delta))
+        if len(self.spec.retention) < live:
+            event("a priority expired")
+
+    @precondition(_has_pins)
+    @rule(pick=st.integers(0, 15), count=st.integers(1, 3))
+    def pin_blocks(self, pick: int, count: int) -> None:
+        """Pin cached blocks (a system prompt): refused over the cap."""
+        candidates = [b for b in self._keyed() if b not in self.spec.pinned]
+        if not candidates:
+            return
+        chosen = tuple(dict.fromkeys(candidates[(pick + i) % len(candidates)]
+                                     for i in range(count)))
+        if any(self.spec.ref[b] == 0 for b in chosen):
+            event("pinned a free block")
+        output = self.lockstep(model.PinBlocks(chosen))
+        event("pin refused: over the cap" if isinstance(output, Refused) else "pinned")
+
+    @precondition(lambda self: self._has_pins() and bool(self.spec.pinned))
+    @rule(pick=st.integers(0, 15))
+    def unpin_blocks(self, pick: int) -> None:
+        """Unpin a pinned block: it is evictable again once nobody holds it."""
+        block = self.spec.pinned[pick % len(self.spec.pinned)]
+        self.lockstep(model.UnpinBlocks((block,)))
+        if self.spec.ref[block] == 0:
+            event("unpinned block became free")
 
     @precondition(lambda self: not self.consumer_stalls)
     @rule()
@@ -347,7 +441,71 @@ class PoolMachine(BoundedSteps):
         else:
             self._refuse(model.GetCachedBlock(bad, (0,)))
 
+    @precondition(lambda self: self.bad_calls_now() and self._has_priorities())
+    @rule(priority=st.sampled_from([-1, 101, 35]), unkeyed=st.booleans())
+    def bad_retention(self, priority: int, unkeyed: bool) -> None:
+        """A priority out of [0, 100], or one for a block without a key."""
+        if not self._allows("bad_retention"):
+            return
+        blocks = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is None]
+        if priority == 35 and not blocks:
+            return
+        target = blocks[:1] if priority == 35 or unkeyed else list(self._keyed()[:1])
+        self._refuse(model.SetRetention(tuple(target), priority))
+
+    @precondition(lambda self: self.bad_calls_now() and (self._has_priorities()
+                                                         or self._has_pins()))
+    @rule()
+    def bad_clock_backwards(self) -> None:
+        if self.spec.now and self._allows("bad_clock_backwards"):
+            self._refuse(model.AdvanceClock(self.spec.now - 1))
+
+    @precondition(lambda self: self.bad_calls_now() and self._has_pins())
+    @rule(kind=st.sampled_from(["unkeyed", "twice", "listed twice"]))
+    def bad_pin(self, kind: str) -> None:
+        """Pin a block without a key, a pinned block, or one block listed twice."""
+        if not self._allows("bad_pin"):
+            return
+        if kind == "unkeyed":
+            blocks = [b for b in range(self.spec.num_blocks) if self.spec.key_of[b] is None]
+            self._refuse(model.PinBlocks((blocks[0],)))
+        elif kind == "twice" and self.spec.pinned:
+            self._refuse(model.PinBlocks(self.spec.pinned[:1]))
+        elif self._keyed():
+            self._refuse(model.PinBlocks(self._keyed()[:1] * 2))
+
+    @precondition(lambda self: self.bad_calls_now() and self._has_pins())
+    @rule()
+    def bad_unpin(self) -> None:
+        """Unpin a block that is not pinned."""
+        unpinned = [b for b in range(1, self.spec.num_blocks) if b not in self.spec.pinned]
+        if unpinned and self._allows("bad_unpin"):
+            self._refuse(model.UnpinBlocks((unpinned[0],)))
+
+    # Whenever a block is pinned (not one step in three): pins are rare in tiny pools.
+    @precondition(lambda self: self._has_pins() and bool(self.spec.pinned))
+    @rule(evict=st.booleans())
+    def bad_free_pinned(self, evict: bool) -> None:
+        """Free a pinned block as often as it is referenced (the pin's reference too), or
+        evict a pinned block: both refused."""
+        pinned = self.spec.pinned
+        if not pinned or not self._allows("bad_free_pinned"):
+            return
+        if evict:
+            self._refuse(model.EvictBlocks(pinned[:1]))
+        else:
+            self._refuse(model.FreeBlocks(pinned[:1] * self.spec.ref[pinned[0]]))
+
     # -- checks after every step ---------------------------------------------------------
+
+    def _judge(self, command: Any, output: Any) -> None:
+        """The target's own output of an allocation, judged by name before it is compared."""
+        before = self.before_allocation
+        if isinstance(command, model.GetNewBlocks) and before is not None:
+            assert pool_invariants.evicted_lowest_priority_first(before, tuple(output)), (
+                f"invariant evicted_lowest_priority_first violated by the target: it took "
+                f"{tuple(output)} from free blocks {before.free} (retention "
+                f"{before.retention})")
     # Hypothesis runs invariants in name order: the named invariants (on the target's state)
     # come before the whole-state comparison, so a broken invariant is reported by name.
 
@@ -359,7 +517,8 @@ class PoolMachine(BoundedSteps):
             view = self.adapter.view()
             state = replace(self.spec, ref=view.ref, free=view.free, key_of=view.key_of,
                             cached=view.cached, events=self.taken + view.pending_events,
-                            num_taken=len(self.taken))
+                            num_taken=len(self.taken), now=view.now,
+                            retention=view.retention, pinned=view.pinned)
             self._views = (key, view, state)
         return self._views[1], self._views[2]
 
@@ -409,6 +568,11 @@ class PoolMachine(BoundedSteps):
         assert actual.cached == expected.cached, "cached map differs"
         assert actual.pending_events == expected.pending_events, \
             f"pending events: target {actual.pending_events}, spec {expected.pending_events}"
+        assert (actual.now, actual.retention, actual.pinned) == (
+            expected.now, expected.retention, expected.pinned), (
+            f"policy state (clock, retention, pinned): target "
+            f"{(actual.now, actual.retention, actual.pinned)}, spec "
+            f"{(expected.now, expected.retention, expected.pinned)}")
 
 
     @invariant()
@@ -430,7 +594,11 @@ add_named_invariants(PoolMachine, event_consumer.ALL, _target_state_once_built) 
 
 
 def machine_for(make_adapter: Callable[[], VllmApiPool],
-                profile: Profile = Profile.V0_13) -> type[PoolMachine]:
-    """A PoolMachine subclass that checks adapters made by make_adapter against profile."""
+                profile: Profile = Profile.V0_13,
+                policy: Policy | None = None) -> type[PoolMachine]:
+    """A PoolMachine subclass that checks adapters made by make_adapter against profile
+    (and an eviction policy: the profile's when None)."""
+    small = policy is not None and policy.name.value in ("priority", "pinned")
     return type("PoolConformance", (PoolMachine,),
-                {"make_adapter": staticmethod(make_adapter), "profile": profile})
+                {"make_adapter": staticmethod(make_adapter), "profile": profile,
+                 "policy": policy, "max_blocks": 8 if small else 16})

@@ -28,12 +28,40 @@ class PoolView:
     key_of: tuple[Key | None, ...]
     cached: tuple[tuple[Key, tuple[int, ...]], ...]
     pending_events: tuple[Event, ...]
+    # The eviction policy's state (spec.eviction): the clock, the retention priorities that
+    # are not the default (block, priority, expires at), the pinned blocks. A pool without
+    # policies shows the defaults.
+    now: int = 0
+    retention: tuple[tuple[int, int, int | None], ...] = ()
+    pinned: tuple[int, ...] = ()
 
 
 def view_of(state: PoolState) -> PoolView:
     """The spec state as a target would show it."""
     return PoolView(state.ref, state.free, state.key_of, state.cached,
-                    state.events[state.num_taken:])
+                    state.events[state.num_taken:], state.now, state.retention, state.pinned)
+
+
+# impl's plug-in for each policy but lru (impl's default pool is lru).
+IMPL_POLICIES = {
+    "lru-lifo-unhashed": "kvspec.impl.eviction:LruLifoUnhashed",
+    "priority": "kvspec.impl.eviction:PriorityPolicy",
+    "pinned": "kvspec.impl.eviction:PinnedPolicy",
+}
+
+
+def plug_in_arguments(policy: Any) -> dict[str, Any]:
+    """What a policy plug-in class is built with: a policy with pins takes its cap
+    (``max_pinned_share``); the others take nothing."""
+    if policy is not None and policy.has_pins:
+        return {"max_pinned_share": policy.max_pinned_share}
+    return {}
+
+
+def load(path: str) -> Any:
+    """The object ``module:name`` names."""
+    module_name, _, name = path.partition(":")
+    return getattr(importlib.import_module(module_name), name)
 
 
 @dataclass
@@ -51,6 +79,7 @@ class _Request:
     lora_request: _LoRA | None = None
     request_id: str = "conformance"
     extra: dict[str, Any] = field(default_factory=dict)
+    kv_retention: list[Any] = field(default_factory=list)  # retention hints (impl/eviction.py)
 
 
 def external_hash_of(value: object) -> int:
@@ -83,10 +112,11 @@ def spec_event(event: object) -> Event:
 
 
 def request_for(block_hashes: Sequence[bytes], token_ids: Sequence[int],
-                lora_id: int | None = None) -> _Request:
-    """The stand-in request vLLM 0.13's BlockPool.cache_full_blocks reads."""
+                lora_id: int | None = None, retention: Sequence[Any] = ()) -> _Request:
+    """The stand-in request vLLM 0.13's BlockPool.cache_full_blocks reads (and its
+    retention hints, which a pool with the ``priority`` policy reads)."""
     lora = None if lora_id is None else _LoRA(lora_id)
-    return _Request(list(block_hashes), list(token_ids), lora)
+    return _Request(list(block_hashes), list(token_ids), lora, kv_retention=list(retention))
 
 
 def ids(blocks: Any) -> tuple[int, ...]:
@@ -129,13 +159,27 @@ def pool_view(pool: Any) -> PoolView:
             key_of[block_id] = sorted(keys)[0]
     cached = tuple(sorted(_map_entries(pool)))
     pending = tuple(spec_event(e) for e in getattr(pool, "kv_event_queue", []))
-    return PoolView(ref, free, tuple(key_of), cached, pending)
+    policy = getattr(pool, "eviction_policy", None)
+    retention = () if policy is None else tuple(policy.retention())
+    pinned = () if policy is None else tuple(policy.pinned_ids())
+    return PoolView(ref, free, tuple(key_of), cached, pending, int(getattr(pool, "clock", 0)),
+                    retention, pinned)
+
+
+_POLICY_METHODS: dict[type, str] = {
+    model.SetRetention: "set_retention", model.AdvanceClock: "advance_clock",
+    model.PinBlocks: "pin_blocks", model.UnpinBlocks: "unpin_blocks",
+}
 
 
 class VllmApiPool:
     """Performs pool commands on a class with vLLM 0.13's BlockPool API (``module:Class``).
 
     ``block_module`` names where KVCacheBlock lives (for blocks foreign to the pool).
+    ``policy_path`` names an eviction-policy plug-in class (``module:Class``, impl's
+    `EvictionPolicy` API) the pool is built with (``eviction_policy=Class()``); without one,
+    the pool is built as it is (its own policy, or vLLM's LRU). Policy commands go to the
+    pool's ``set_retention``, ``advance_clock``, ``pin_blocks`` and ``unpin_blocks``.
     """
 
     variable = "pool"
@@ -143,7 +187,9 @@ class VllmApiPool:
 
     def __init__(self, pool_path: str = "kvspec.impl.block_pool:BlockPool",
                  block_module: str = "kvspec.impl.kv_cache_utils", name: str = "impl",
-                 hash_block_size: int = 2) -> None:
+                 hash_block_size: int = 2, policy_path: str | None = None) -> None:
+        self.policy_path = policy_path
+        self.policy_class: Any = None if policy_path is None else load(policy_path)
         self.pool_path = pool_path
         module_name, _, class_name = pool_path.partition(":")
         self.pool_class: Any = getattr(importlib.import_module(module_name), class_name)
@@ -162,10 +208,12 @@ class VllmApiPool:
         c = command
         if isinstance(c, model.NewPool):
             self.num_blocks = c.num_blocks
-            bound = {} if c.max_pending_events is None else {
+            extra: dict[str, Any] = {} if c.max_pending_events is None else {
                 "max_pending_kv_events": c.max_pending_events}
+            if self.policy_class is not None:
+                extra["eviction_policy"] = self.policy_class(**plug_in_arguments(c.policy))
             self.pool = self.pool_class(c.num_blocks, c.enable_caching, self.hash_block_size,
-                                        enable_kv_cache_events=c.enable_events, **bound)
+                                        enable_kv_cache_events=c.enable_events, **extra)
             return None
         pool = self.pool
         if isinstance(c, model.GetNewBlocks):
@@ -199,6 +247,17 @@ class VllmApiPool:
             return int(pool.get_num_free_blocks())
         if isinstance(c, model.GetUsage):
             return float(pool.get_usage())
+        if isinstance(c, model.POLICY_COMMANDS):
+            method = getattr(pool, _POLICY_METHODS[type(c)], None)
+            if method is None:
+                raise Unsupported(f"the pool has no {_POLICY_METHODS[type(c)]}")
+            if isinstance(c, model.SetRetention):
+                method(list(c.block_ids), c.priority, c.duration)
+            elif isinstance(c, model.AdvanceClock):
+                method(c.now)
+            else:
+                method(list(c.block_ids))
+            return None
         raise LookupError(f"not a pool command: {command!r}")
 
     def _block(self, block_id: int) -> Any:
@@ -212,7 +271,8 @@ class VllmApiPool:
 
     def _request(self, command: model.CacheFullBlocks) -> Any:
         """The stand-in request cache_full_blocks reads (a release may read more fields)."""
-        return request_for(command.block_hashes, self._tokens(command), command.lora_id)
+        return request_for(command.block_hashes, self._tokens(command), command.lora_id,
+                           command.retention)
 
     def view(self) -> PoolView:
         return pool_view(self.pool)
@@ -245,8 +305,13 @@ class VllmApiPool:
 
     def imports(self) -> list[str]:
         module_name, _, class_name = self.pool_path.partition(":")
-        return [f"from {module_name} import {class_name}",
+        plug_in = []
+        if self.policy_path is not None:
+            policy_module, _, policy_class = self.policy_path.partition(":")
+            plug_in = [f"from {policy_module} import {policy_class}"]
+        return [f"from {module_name} import {class_name}", *plug_in,
                 f"from {self.block_module} import KVCacheBlock",
+                "from kvspec.spec.eviction import TokenRangeRetention",
                 "from kvspec.spec.conformance.targets import (PoolView, ids, ids_or_none, "
                 "pool_view, request_for,\n    spec_events)",
                 "from kvspec.spec.pool import Cleared, Removed, Stored"]
@@ -265,6 +330,9 @@ class VllmApiPool:
             self.num_blocks = c.num_blocks
             bound = ("" if c.max_pending_events is None
                      else f", max_pending_kv_events={c.max_pending_events}")
+            if self.policy_path is not None:
+                arguments = "".join(f"{k}={v!r}" for k, v in plug_in_arguments(c.policy).items())
+                bound += f", eviction_policy={self.policy_path.partition(':')[2]}({arguments})"
             return (f"{self.pool_path.partition(':')[2]}({c.num_blocks}, {c.enable_caching}, "
                     f"{self.hash_block_size}, enable_kv_cache_events={c.enable_events}{bound})")
         if isinstance(c, model.GetNewBlocks):
@@ -275,8 +343,9 @@ class VllmApiPool:
             blocks = self._blocks_source(c.block_ids)
             return f"pool.touch({blocks if self.flat_touch else f'({blocks},)'})"
         if isinstance(c, model.CacheFullBlocks):
+            hints = f", {list(c.retention)!r}" if c.retention else ""
             request = (f"request_for({list(c.block_hashes)!r}, {self._tokens(c)!r}, "
-                       f"{c.lora_id!r})")
+                       f"{c.lora_id!r}{hints})")
             return (f"pool.cache_full_blocks({request}, {self._blocks_source(c.block_ids)}, "
                     f"{c.num_cached}, {c.num_full}, {c.block_size}, {c.group_id})")
         if isinstance(c, model.GetCachedBlock):
@@ -292,6 +361,12 @@ class VllmApiPool:
             return "pool.take_events()"
         if isinstance(c, model.GetNumFreeBlocks):
             return "pool.get_num_free_blocks()"
+        if isinstance(c, model.SetRetention):
+            return f"pool.set_retention({list(c.block_ids)}, {c.priority}, {c.duration})"
+        if isinstance(c, model.AdvanceClock):
+            return f"pool.advance_clock({c.now})"
+        if isinstance(c, (model.PinBlocks, model.UnpinBlocks)):
+            return f"pool.{_POLICY_METHODS[type(c)]}({list(c.block_ids)})"
         return "pool.get_usage()"
 
     def output_source(self, command: Any, expression: str) -> str:
