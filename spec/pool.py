@@ -301,6 +301,7 @@ def get_new_blocks(state: PoolState, n: int) -> tuple[PoolState, tuple[BlockId, 
 
     pre: len(state.ref) == len(state.key_of) == state.num_blocks
     pre: all(0 < b < state.num_blocks for b in state.free)
+    pre: all(E.MIN_PRIORITY <= p <= E.MAX_PRIORITY for _, p, _ in state.retention)
     raises: PoolError
     post: __return__[1] == eviction_order(state)[:n]
     post: state.policy.has_priorities or __return__[1] == state.free[:n]
@@ -522,7 +523,7 @@ def set_retention(state: PoolState, blocks: Sequence[BlockId], priority: int,
 
     pre: len(state.ref) == len(state.key_of) == state.num_blocks
     raises: PoolError
-    post: all(E.effective_priority(__return__.retention, True, b) == priority for b in blocks)
+    post: all(E.effective_priority(__return__.retention, True, b) == priority for b in blocks if b)
     """
     _require(state, state.policy.has_priorities, "retention priorities")
     try:
@@ -556,7 +557,8 @@ def pin_blocks(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
     """Pin cached blocks (``pinned`` policy): each pin holds a reference, so a pinned block
     is never free, never evicted. Refused beyond the cap (`spec.eviction.pin_cap`).
 
-    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    pre: 1 <= len(state.ref) == len(state.key_of) == state.num_blocks <= 2 ** 20
+    pre: 0.0 <= state.policy.max_pinned_share <= 1.0
     raises: PoolError
     post: set(blocks) <= set(__return__.pinned)
     post: len(__return__.pinned) <= E.pin_cap(state.policy, state.num_blocks)
