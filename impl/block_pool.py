@@ -872,14 +872,15 @@ class BlockPool:
         """The policies' time: what the last advance_clock set (0 at first)."""
         return self._now
 
-    def _policy_blocks(self, block_ids: object, what: str) -> list[KVCacheBlock]:
-        """Block ids read whole and checked (ints in the pool, each once) as blocks."""
+    def _policy_blocks(self, block_ids: object, once: bool) -> list[KVCacheBlock]:
+        """Block ids read whole and checked (ints in the pool; with ``once``, none listed
+        twice: a pin is taken or dropped once) as blocks."""
         listed = _listed(block_ids, "block_ids")
         for block_id in listed:
             if type(block_id) is not int or not 0 <= block_id < self.num_gpu_blocks:
                 raise BlockNotInPoolError(
                     f"block id {block_id!r} is outside the pool of {self.num_gpu_blocks} blocks")
-        if len(set(listed)) != len(listed) and what == "pin":
+        if once and len(set(listed)) != len(listed):
             raise PinRefusedError(f"a block is listed twice in {listed}")
         return [self._block(i) for i in listed]
 
@@ -897,7 +898,7 @@ class BlockPool:
         policy = self._require(self._policy is not None and self._policy.has_priorities,
                                "retention priorities")
         check_retention(0, None, priority, duration)
-        blocks = self._policy_blocks(block_ids, "retention")
+        blocks = self._policy_blocks(block_ids, once=False)
         null = self.null_block
         for block in blocks:
             if block is not null and block not in self._key_of:
@@ -919,7 +920,7 @@ class BlockPool:
         """Pin cached blocks (``pinned`` policy): a pinned block holds a reference of the
         pool's, so it is never free and never evicted. Refused over the policy's cap."""
         policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
-        blocks = self._policy_blocks(block_ids, "pin")
+        blocks = self._policy_blocks(block_ids, once=True)
         pinned = policy.pinned
         for block in blocks:
             if block in pinned:
@@ -937,7 +938,7 @@ class BlockPool:
     def unpin_blocks(self, block_ids: Iterable[int] | object) -> None:
         """Drop pins: each releases its reference (a block reaching 0 becomes free)."""
         policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
-        blocks = self._policy_blocks(block_ids, "pin")
+        blocks = self._policy_blocks(block_ids, once=True)
         pinned = policy.pinned
         for block in blocks:
             if block not in pinned:

@@ -25,6 +25,7 @@ A third party writes its own by subclassing `EvictionPolicy` and overriding its 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -380,8 +381,9 @@ class PinnedPolicy(EvictionPolicy):
         if not pinned or pinned.isdisjoint(blocks):
             return
         pool = self._pool()
-        for block in set(blocks) & pinned:
-            if pool._ref_count(block) - blocks.count(block) < 1:
+        listings = Counter(b for b in blocks if b in pinned)  # one pass, not one per block
+        for block, count in listings.items():
+            if pool._ref_count(block) - count < 1:
                 raise PinRefusedError(
                     f"block {block.block_id} is held only by its pin: unpin it instead")
 

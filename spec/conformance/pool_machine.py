@@ -205,7 +205,8 @@ class PoolMachine(BoundedSteps):
             event("allocation evicts a cached block")
         if self.spec.retention and model.eviction_order(self.spec) != self.spec.free:
             event("priority reorders eviction")
-        self.before_allocation = self.target_state()
+        if self.spec.policy.has_priorities:  # the judge's only input: no view read otherwise
+            self.before_allocation = self.target_state()
         allocated = self.lockstep(model.GetNewBlocks(num_new))
         self.before_allocation = None
         if isinstance(allocated, Refused):

@@ -26,7 +26,7 @@ def pin_leaves_free_block_queued() -> None:
     """pin_blocks pins a free block without taking a reference: it stays evictable."""
     def pin_blocks(self: BlockPool, block_ids: Any) -> None:
         policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
-        blocks = self._policy_blocks(block_ids, "pin")
+        blocks = self._policy_blocks(block_ids, once=True)
         for block in blocks:
             if block in policy.pinned:
                 raise ev.PinRefusedError(f"block {block.block_id} is already pinned")
@@ -121,7 +121,7 @@ def unpin_of_unpinned_block_ignored() -> None:
     """unpin_blocks of a block that is not pinned frees it anyway."""
     def unpin_blocks(self: BlockPool, block_ids: Any) -> None:
         policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
-        blocks = self._policy_blocks(block_ids, "pin")
+        blocks = self._policy_blocks(block_ids, once=True)
         policy.pinned.difference_update(blocks)
         self.free_blocks(blocks)
     replace(BlockPool, "unpin_blocks", unpin_blocks)
