@@ -55,7 +55,13 @@ from kvspec.spec import (
 )
 from kvspec.spec.conformance.deadline import BoundedSteps
 from kvspec.spec.conformance.lockstep import Lockstep, Refused
-from kvspec.spec.conformance.targets import load, plug_in_arguments, spec_events
+from kvspec.spec.conformance.targets import (
+    load,
+    perform_policy_command,
+    plug_in_arguments,
+    policy_call_source,
+    spec_events,
+)
 from kvspec.spec.eviction import Policy, TokenRangeRetention
 from kvspec.spec.manager import GroupSpec, Kind, ManagerConfig, Session
 
@@ -467,17 +473,8 @@ class ImplManager:
             return spec_events(manager.take_events())
         if isinstance(c, model.Usage):
             return float(manager.usage)
-        if isinstance(c, pool_model.SetRetention):
-            manager.set_retention(list(c.block_ids), c.priority, c.duration)
-            return None
-        if isinstance(c, pool_model.AdvanceClock):
-            manager.advance_clock(c.now)
-            return None
-        if isinstance(c, pool_model.PinBlocks):
-            manager.pin_blocks(list(c.block_ids))
-            return None
-        if isinstance(c, pool_model.UnpinBlocks):
-            manager.unpin_blocks(list(c.block_ids))
+        if isinstance(c, pool_model.POLICY_COMMANDS):
+            perform_policy_command(manager, c)
             return None
         raise LookupError(f"not a manager command: {command!r}")
 
@@ -570,14 +567,8 @@ class ImplManager:
             return "manager.reset_prefix_cache()"
         if isinstance(c, model.TakeEvents):
             return "manager.take_events()"
-        if isinstance(c, pool_model.SetRetention):
-            return f"manager.set_retention({list(c.block_ids)}, {c.priority}, {c.duration})"
-        if isinstance(c, pool_model.AdvanceClock):
-            return f"manager.advance_clock({c.now})"
-        if isinstance(c, pool_model.PinBlocks):
-            return f"manager.pin_blocks({list(c.block_ids)})"
-        if isinstance(c, pool_model.UnpinBlocks):
-            return f"manager.unpin_blocks({list(c.block_ids)})"
+        if isinstance(c, pool_model.POLICY_COMMANDS):
+            return policy_call_source("manager", c)
         return "manager.usage"
 
     def _policy_source(self, policy: Policy | None) -> str:

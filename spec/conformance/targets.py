@@ -166,10 +166,35 @@ def pool_view(pool: Any) -> PoolView:
                     retention, pinned)
 
 
+# The eviction-policy commands, as calls on a target's policy API: impl's pool and manager
+# (and a pool claiming a policy) name them alike.
 _POLICY_METHODS: dict[type, str] = {
     model.SetRetention: "set_retention", model.AdvanceClock: "advance_clock",
     model.PinBlocks: "pin_blocks", model.UnpinBlocks: "unpin_blocks",
 }
+
+
+def _policy_arguments(command: Any) -> tuple[Any, ...]:
+    if isinstance(command, model.SetRetention):
+        return list(command.block_ids), command.priority, command.duration
+    if isinstance(command, model.AdvanceClock):
+        return (command.now,)
+    return (list(command.block_ids),)
+
+
+def perform_policy_command(target: Any, command: Any) -> None:
+    """Run a `spec.pool.POLICY_COMMANDS` command on a pool or manager; `Unsupported` where
+    the target lacks the call."""
+    method = getattr(target, _POLICY_METHODS[type(command)], None)
+    if method is None:
+        raise Unsupported(f"the target has no {_POLICY_METHODS[type(command)]}")
+    method(*_policy_arguments(command))
+
+
+def policy_call_source(variable: str, command: Any) -> str:
+    """A policy command as a call on ``variable`` (for counterexamples)."""
+    arguments = ", ".join(repr(a) for a in _policy_arguments(command))
+    return f"{variable}.{_POLICY_METHODS[type(command)]}({arguments})"
 
 
 class VllmApiPool:
@@ -248,15 +273,7 @@ class VllmApiPool:
         if isinstance(c, model.GetUsage):
             return float(pool.get_usage())
         if isinstance(c, model.POLICY_COMMANDS):
-            method = getattr(pool, _POLICY_METHODS[type(c)], None)
-            if method is None:
-                raise Unsupported(f"the pool has no {_POLICY_METHODS[type(c)]}")
-            if isinstance(c, model.SetRetention):
-                method(list(c.block_ids), c.priority, c.duration)
-            elif isinstance(c, model.AdvanceClock):
-                method(c.now)
-            else:
-                method(list(c.block_ids))
+            perform_policy_command(pool, c)
             return None
         raise LookupError(f"not a pool command: {command!r}")
 
@@ -361,12 +378,8 @@ class VllmApiPool:
             return "pool.take_events()"
         if isinstance(c, model.GetNumFreeBlocks):
             return "pool.get_num_free_blocks()"
-        if isinstance(c, model.SetRetention):
-            return f"pool.set_retention({list(c.block_ids)}, {c.priority}, {c.duration})"
-        if isinstance(c, model.AdvanceClock):
-            return f"pool.advance_clock({c.now})"
-        if isinstance(c, (model.PinBlocks, model.UnpinBlocks)):
-            return f"pool.{_POLICY_METHODS[type(c)]}({list(c.block_ids)})"
+        if isinstance(c, model.POLICY_COMMANDS):
+            return policy_call_source("pool", c)
         return "pool.get_usage()"
 
     def output_source(self, command: Any, expression: str) -> str:
