@@ -92,8 +92,9 @@ def impl_side() -> Side:
     return Side("kvspec", make_manager, make_requests)
 
 
-def vllm_side() -> Side | None:
-    """vLLM's KVCacheManager, or None when vLLM does not import here."""
+def vllm_side(num_blocks: int = NUM_BLOCKS, max_model_len: int = MAX_MODEL_LEN) -> Side | None:
+    """vLLM's KVCacheManager (of num_blocks blocks of BLOCK_SIZE tokens, one full-attention
+    group), or None when vLLM does not import here."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     try:
         import torch
@@ -116,11 +117,11 @@ def vllm_side() -> Side | None:
         spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=8, head_size=128,
                                  dtype=torch.bfloat16)
         config = KVCacheConfig(
-            num_blocks=NUM_BLOCKS,
-            kv_cache_tensors=[KVCacheTensor(spec.page_size_bytes * NUM_BLOCKS, ["layer.0"])],
+            num_blocks=num_blocks,
+            kv_cache_tensors=[KVCacheTensor(spec.page_size_bytes * num_blocks, ["layer.0"])],
             kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
         )
-        return VllmManager(config, max_model_len=MAX_MODEL_LEN, hash_block_size=BLOCK_SIZE)
+        return VllmManager(config, max_model_len=max_model_len, hash_block_size=BLOCK_SIZE)
 
     def make_requests(prompts: list[list[int]]) -> list[Any]:
         hasher = get_request_block_hasher(BLOCK_SIZE, vllm_sha256)

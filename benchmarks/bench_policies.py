@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import os
 import sys
 import time
 from collections import deque
@@ -49,7 +48,9 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BLOCK_SIZE = 16
+from benchmarks import bench_manager
+
+BLOCK_SIZE = bench_manager.BLOCK_SIZE  # vLLM's side is bench_manager's
 MAX_RUNNING = 8
 MAX_MODEL_LEN = 4096
 VOCAB = 32000
@@ -154,43 +155,6 @@ def _impl_requests(trace: Trace, policy: str) -> list[Any]:
     return made
 
 
-def _vllm_side(num_blocks: int) -> tuple[Callable[[], Any], Callable[[Trace], list[Any]]] | None:
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import torch
-        from vllm import SamplingParams
-        from vllm.utils.hashing import sha256 as vllm_sha256
-        from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.kv_cache_interface import (
-            FullAttentionSpec,
-            KVCacheConfig,
-            KVCacheGroupSpec,
-            KVCacheTensor,
-        )
-        from vllm.v1.request import Request as VllmRequest
-    except Exception:  # vLLM absent or half-installed: kvspec alone
-        return None
-    init_none_hash(vllm_sha256)
-
-    def make_manager() -> Any:
-        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=8, head_size=128,
-                                 dtype=torch.bfloat16)
-        config = KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=[KVCacheTensor(spec.page_size_bytes * num_blocks, ["layer.0"])],
-            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
-        return VllmManager(config, max_model_len=MAX_MODEL_LEN, hash_block_size=BLOCK_SIZE)
-
-    def make_requests(trace: Trace) -> list[Any]:
-        hasher = get_request_block_hasher(BLOCK_SIZE, vllm_sha256)
-        params = SamplingParams(max_tokens=1)
-        return [VllmRequest(f"r{i}", r.prompt, params, None, None, block_hasher=hasher)
-                for i, r in enumerate(trace.requests)]
-
-    return make_manager, make_requests
-
-
 def serve(manager: Any, requests: list[Any], trace: Trace,
           pin: bool = False) -> tuple[float, int, int, int]:
     """Seconds in manager calls, blocks held once admitted, hit tokens, prompt tokens."""
@@ -238,12 +202,14 @@ def run(quick: bool = False, traces: tuple[str, ...] = ("agent", "chat"),
     rows: list[dict[str, Any]] = []
     for name in traces:
         trace = make_trace(name, quick)
-        vllm = _vllm_side(trace.num_blocks)
+        vllm = bench_manager.vllm_side(trace.num_blocks, MAX_MODEL_LEN)
         sides: list[tuple[str, str, Callable[[], Any], Callable[[], list[Any]]]] = [
             ("kvspec", p, functools.partial(_impl_manager, trace.num_blocks, p),
              functools.partial(_impl_requests, trace, p)) for p in policies]
         if vllm is not None and "lru" in policies:
-            sides.append(("vllm", "lru", vllm[0], functools.partial(vllm[1], trace)))
+            prompts = [r.prompt for r in trace.requests]
+            sides.append(("vllm", "lru", vllm.make_manager,
+                          functools.partial(vllm.make_requests, prompts)))
         best: dict[tuple[str, str], float] = {}
         stats: dict[tuple[str, str], tuple[int, int, int]] = {}
         for _ in range(repeats):
