@@ -130,6 +130,7 @@ def reset_succeeds_with_blocks_in_use() -> None:
     def reset_prefix_cache(self: BlockPool) -> bool:
         self.cached_block_hash_to_block.clear()
         self._key_of.clear()
+        self._group_of.clear()  # all as impl does, but for the check of blocks in use
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
             self._bound_kv_events()
