@@ -1,6 +1,7 @@
 # kvspec: two commands do everything on a fresh machine.
 #   make audit   set up .venv, then run the conformance audit of impl/ against spec/
 #   make test    set up .venv, then run the test suite
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -50,7 +51,11 @@ test-pure: setup
 		tests/hostile
 
 check: setup
-	$(PY) -m mypy --strict kvspec tests benchmarks scripts
+	@# mypy reads the package as the wheel lays it out (scripts/package_view.py); its messages
+	@# name the repository's files.
+	@$(PY) scripts/package_view.py > /dev/null
+	set -o pipefail; MYPYPATH=build/view $(PY) -m mypy --strict -p kvspec tests benchmarks \
+		scripts | $(PY) scripts/package_view.py --unview
 	$(PY) -m ruff check .
 	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) \
 		--max_uninteresting_iterations=64 $(CROSSHAIR_TARGETS)

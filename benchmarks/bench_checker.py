@@ -1,6 +1,6 @@
 """How fast the conformance machine checks: steps per second on a 16-block pool.
 
-A step is one command (`spec/conformance/lockstep.py`) run on the spec and on impl/ in lock
+A step is one command (`conformance/lockstep.py`) run on the spec and on impl/ in lock
 step, outputs compared; after every rule the abstract states are compared and every named
 invariant is checked.
 """
@@ -13,8 +13,8 @@ import time
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import initialize, run_state_machine_as_test
 
-from kvspec.spec.conformance.pool_machine import PoolMachine
-from kvspec.spec.conformance.targets import VllmApiPool
+from kvspec.conformance.pool_machine import PoolMachine
+from kvspec.conformance.targets import VllmApiPool
 
 
 def steps_per_second(examples: int = 40, steps: int = 100) -> float:

@@ -1,7 +1,7 @@
 """The ``kvspec`` command: ``kvspec audit`` (conformance audit) and ``kvspec plan``.
 
 ``kvspec audit --target impl|vllm|package.module:Class --profile vllm-0.13|vllm-0.33`` runs
-the conformance machines of spec/conformance against the target for a time budget, shows a
+the conformance machines of conformance against the target for a time budget, shows a
 progress bar on stderr, then prints a table of every rule, situation and invariant with the
 steps it checked and its verdict, the mutation score of each machine, and every failure with
 its shrunk program, which it also writes out as a runnable pytest file.
@@ -151,7 +151,7 @@ class ProgressBar:
 
 def run_audit_command(args: argparse.Namespace) -> int:
     """Run ``audit`` for parsed ``args``."""
-    from kvspec.spec.conformance.audit import (
+    from kvspec.conformance.audit import (
         BaselineError,
         apply_baseline,
         read_baseline,
@@ -160,8 +160,8 @@ def run_audit_command(args: argparse.Namespace) -> int:
         write_counterexamples,
         write_json,
     )
-    from kvspec.spec.conformance.deadline import configured_seconds
-    from kvspec.spec.conformance.profiles import load_profile
+    from kvspec.conformance.deadline import configured_seconds
+    from kvspec.conformance.profiles import load_profile
     from kvspec.spec.pool import Profile
 
     load_profile()
@@ -243,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LookupError as error:
         # A target that cannot be imported, is not a class or cannot be built, wherever it is
         # found out: a usage error (exit 2, one line), never a conformance failure (exit 1).
-        from kvspec.spec.conformance.vllm_targets import TargetError
+        from kvspec.conformance.vllm_targets import TargetError
 
         if not isinstance(error, TargetError):
             raise

@@ -14,6 +14,8 @@ is compiled (with a note): the pure-Python build is complete on its own.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 import shutil
 import sys
@@ -24,6 +26,29 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mypyc"
 GROUP = "kvspec.impl.compiled"  # mypyc's shared library: impl/compiled__mypyc.*.so
+
+
+def _load_package_view() -> Any:
+    # By path: setup.py loads this file the same way, with no package around it.
+    spec = importlib.util.spec_from_file_location(
+        "kvspec_package_view", Path(__file__).resolve().parent / "package_view.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_package_view = _load_package_view()
+
+
+def compiled_modules() -> tuple[str, ...]:
+    """impl's COMPILED_MODULES, read from impl/__init__.py without importing kvspec."""
+    tree = ast.parse((ROOT / "impl" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "COMPILED_MODULES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise LookupError("impl/__init__.py defines no COMPILED_MODULES")
 
 
 def compiled_files() -> list[Path]:
@@ -57,11 +82,10 @@ def mypyc_extensions(target_dir: Path = BUILD / "c") -> list[Any]:
         return []
     from mypyc.build import mypycify
 
-    sys.path.insert(0, str(ROOT))
-    from kvspec import impl
-
-    # Through the kvspec/impl link, so that mypyc names the modules kvspec.impl.*.
-    sources = [f"kvspec/impl/{m}.py" for m in impl.COMPILED_MODULES]
+    # mypyc names a module by its folders: it compiles the copy laid out as the wheel lays
+    # it out (build/view/kvspec/impl/), so that the modules are named kvspec.impl.*.
+    view = _package_view.make_view(ROOT)
+    sources = [str(view / "kvspec" / "impl" / f"{m}.py") for m in compiled_modules()]
     extensions: list[Any] = mypycify(sources, opt_level="3", group_name=GROUP,
                                      target_dir=str(target_dir))
     return extensions
@@ -80,7 +104,9 @@ def main(argv: list[str]) -> int:
     BUILD.mkdir(parents=True, exist_ok=True)
     extensions = mypyc_extensions()
     # A bare Distribution, not setup(): setup() would read the project's pyproject.toml.
-    dist = Distribution({"name": "kvspec-impl-compiled", "ext_modules": extensions})
+    # package_dir: build_ext --inplace puts kvspec.impl's extensions beside impl/'s sources.
+    dist = Distribution({"name": "kvspec-impl-compiled", "ext_modules": extensions,
+                         "package_dir": _package_view.package_dirs(ROOT)})
     dist.script_args = ["-q", "build_ext", "--inplace", "--build-temp", str(BUILD / "temp")]
     dist.parse_command_line()
     dist.run_commands()

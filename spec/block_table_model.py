@@ -230,7 +230,7 @@ def cleared(table: Table) -> Table:
     return tuple((0,) * len(row) for row in table)
 
 
-# --- Operations as data (spec.conformance.lockstep) ----------------------------------------------
+# --- Operations as data (conformance.lockstep) ----------------------------------------------
 # The worker's MultiGroupBlockTable: every group's table changes together (a refusal in one
 # group changes none), and a batch's slot mapping is computed for every group.
 

@@ -6,7 +6,7 @@ pool is its only caller in vLLM, and the pool never hands it a bad call; kvspec'
 also used on its own (vLLM's tests build one from a list of blocks), so its contract is the
 stricter one modelled here: **every bad call is refused with a typed error that names the
 value, and changes nothing**. The checker runs this model against a target queue one
-command at a time (`spec.conformance.free_queue_machine`); where vLLM corrupts its list or
+command at a time (`conformance.free_queue_machine`); where vLLM corrupts its list or
 asserts instead, the audit reports the difference.
 
 State is `QueueState`: the pool's size (the block objects the queue's members come from,

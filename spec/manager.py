@@ -917,7 +917,7 @@ def extend_block_hashes(hashing: Hashing, block_size: int, request: Request) -> 
     return replace(request, block_hashes=request.block_hashes + new)
 
 
-# --- Operations as data (spec.conformance.lockstep) --------------------------------------------
+# --- Operations as data (conformance.lockstep) --------------------------------------------
 # One frozen value per call a scheduler makes: on the manager (vLLM 0.13's KVCacheManager API)
 # and on its requests (creating one, appending tokens, setting num_computed_tokens). `step` runs
 # one on a `Session`: the manager state with the requests and each request's last lookup.

@@ -623,7 +623,7 @@ def take_events(state: PoolState) -> tuple[PoolState, tuple[Event, ...]]:
     return replace(state, num_taken=len(state.events)), state.events[state.num_taken :]
 
 
-# --- Operations as data (spec.conformance.lockstep) --------------------------------------------
+# --- Operations as data (conformance.lockstep) --------------------------------------------
 # One frozen value per call of the pool's public API; `step` is the one semantics function the
 # machines, the explorer, the CrossHair program contract and the audit's counterexamples share.
 

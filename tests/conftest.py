@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvspec.spec.conformance.profiles import load_profile
+from kvspec.conformance.profiles import load_profile
 
 load_profile()
 

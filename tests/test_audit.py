@@ -16,9 +16,9 @@ import pytest
 
 from kvspec.cli import main
 from kvspec.spec import pool_invariants
-from kvspec.spec.conformance.audit import mutation_score
-from kvspec.spec.conformance.pool_machine import BAD_CALLS
-from kvspec.spec.conformance.vllm_targets import vllm_version
+from kvspec.conformance.audit import mutation_score
+from kvspec.conformance.pool_machine import BAD_CALLS
+from kvspec.conformance.vllm_targets import vllm_version
 
 BUGGY = "tests.planted_bug_pool:ReversedAllocationPool"
 SPINNING = "tests.planted_bug_pool:NegativeCountSpinsPool"
@@ -82,7 +82,7 @@ def test_a_planted_bug_fails_with_a_runnable_counterexample(
     path = Path(failure["counterexample"])
     assert path.exists() and path.name.startswith("test_")
     text = path.read_text()
-    assert "pool.get_new_blocks(" in text and "kvspec.spec.conformance.audit" not in text
+    assert "pool.get_new_blocks(" in text and "kvspec.conformance.audit" not in text
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",

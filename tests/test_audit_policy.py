@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.spec.conformance.audit import run_audit
+from kvspec.conformance.audit import run_audit
 from kvspec.spec.pool import Profile
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvspec.impl.block_pool import BlockPool, InvalidBlockHashError
-from kvspec.spec.conformance.pool_machine import chain_hash
+from kvspec.conformance.pool_machine import chain_hash
 
 
 class _Request:

@@ -1,8 +1,8 @@
-"""The block-table conformance machine (spec/conformance/block_table_machine.py), run against
+"""The block-table conformance machine (conformance/block_table_machine.py), run against
 impl's MultiGroupBlockTable."""
 
 from __future__ import annotations
 
-from kvspec.spec.conformance.block_table_machine import machine_for
+from kvspec.conformance.block_table_machine import machine_for
 
 TestBlockTableMachine = machine_for().TestCase

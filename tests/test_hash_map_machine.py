@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from kvspec.spec import hash_map as model
-from kvspec.spec.conformance.hash_map_machine import KEYS, adapter_for, machine_for
-from kvspec.spec.conformance.lockstep import (
+from kvspec.conformance.hash_map_machine import KEYS, adapter_for, machine_for
+from kvspec.conformance.lockstep import (
     Discrepancy,
     Lockstep,
     Refused,
     counterexample_source,
 )
-from kvspec.spec.conformance.vllm_targets import TargetError
+from kvspec.conformance.vllm_targets import TargetError
 
 TestImplHashMapConformsToSpec = machine_for(adapter_for("impl")).TestCase
 

@@ -35,8 +35,8 @@ from kvspec.impl.kv_cache_manager import (
     UnsupportedKVCacheSpec,
 )
 from kvspec.spec import manager as model
-from kvspec.spec.conformance.lockstep import Lockstep, Refused
-from kvspec.spec.conformance.manager_machine import (
+from kvspec.conformance.lockstep import Lockstep, Refused
+from kvspec.conformance.manager_machine import (
     ImplManager,
     group_spec_of,
     hand_layout,

@@ -21,8 +21,8 @@ from kvspec.impl.kv_cache_interface import (
 )
 from kvspec.impl.kv_cache_manager import KVCacheManager, Request
 from kvspec.spec import manager as model
-from kvspec.spec.conformance.lockstep import Lockstep
-from kvspec.spec.conformance.manager_machine import (
+from kvspec.conformance.lockstep import Lockstep
+from kvspec.conformance.manager_machine import (
     ImplManager,
     group_spec_of,
     hand_layout,

@@ -12,8 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvspec.spec import manager as model
-from kvspec.spec.conformance.lockstep import counterexample_source
-from kvspec.spec.conformance.manager_machine import (
+from kvspec.conformance.lockstep import counterexample_source
+from kvspec.conformance.manager_machine import (
     HAND_LAYOUTS,
     MODEL_LAYOUTS,
     ImplManager,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, settings
 
-from kvspec.spec.conformance.profiles import MUTANTS_PROFILE
+from kvspec.conformance.profiles import MUTANTS_PROFILE
 from tests.mutants import Mutant, catalogue
 from tests.mutants.__main__ import (
     Verdict,

@@ -7,13 +7,13 @@ spec.eviction.
 
 from __future__ import annotations
 
-from kvspec.spec.conformance.manager_machine import (
+from kvspec.conformance.manager_machine import (
     ImplManager,
     ManagerMachine,
     machine_for as manager_machine_for,
 )
-from kvspec.spec.conformance.pool_machine import PoolMachine, machine_for
-from kvspec.spec.conformance.targets import IMPL_POLICIES, VllmApiPool
+from kvspec.conformance.pool_machine import PoolMachine, machine_for
+from kvspec.conformance.targets import IMPL_POLICIES, VllmApiPool
 from kvspec.spec.eviction import policy_named
 
 # Half the pool may be pinned in the machines (the default is a quarter), so that pins, the cap

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.spec.conformance.explore import explore, maximal_traces, replay
-from kvspec.spec.conformance.profiles import profile_name
-from kvspec.spec.conformance.targets import VllmApiPool
+from kvspec.conformance.explore import explore, maximal_traces, replay
+from kvspec.conformance.profiles import profile_name
+from kvspec.conformance.targets import VllmApiPool
 from kvspec.spec.pool import Profile
 
 # (blocks, depth): pools of 2-4 blocks are explored to closure; 5 blocks to a bounded depth.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvspec.spec.conformance.pool_machine import machine_for
-from kvspec.spec.conformance.targets import VllmApiPool
+from kvspec.conformance.pool_machine import machine_for
+from kvspec.conformance.targets import VllmApiPool
 
 TestImplConformsToSpec = machine_for(VllmApiPool).TestCase

@@ -1,4 +1,4 @@
-"""The step deadline (spec/conformance/deadline.py): a step that does not return is a failure
+"""The step deadline (conformance/deadline.py): a step that does not return is a failure
 with its program, in the machine and in the audit, and never a hung run.
 
 The hanging target is tests.planted_bug_pool.NegativeCountSpinsPool: a negative count let
@@ -20,15 +20,15 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.spec.conformance import deadline
-from kvspec.spec.conformance.deadline import (
+from kvspec.conformance import deadline
+from kvspec.conformance.deadline import (
     StepBudget,
     TargetDidNotReturn,
     call_with_deadline,
     configured_seconds,
 )
-from kvspec.spec.conformance.pool_machine import machine_for
-from kvspec.spec.conformance.targets import VllmApiPool
+from kvspec.conformance.pool_machine import machine_for
+from kvspec.conformance.targets import VllmApiPool
 
 SPINNING_POOL = "tests.planted_bug_pool:NegativeCountSpinsPool"
 
@@ -139,7 +139,7 @@ def test_a_c_loop_that_never_checks_signals_ends_the_process_with_a_traceback() 
     """What a spin in mypyc-compiled code does: the backstop ends the process."""
     script = textwrap.dedent("""
         import collections, itertools
-        from kvspec.spec.conformance.deadline import StepBudget, call_with_deadline
+        from kvspec.conformance.deadline import StepBudget, call_with_deadline
 
         def stuck_in_c():  # C code that never checks for signals, as mypyc's loops
             collections.deque(itertools.repeat(None), maxlen=0)

@@ -56,7 +56,7 @@ from kvspec.impl.single_type_kv_cache_manager import (
     SlidingWindowManager,
     get_manager_for_kv_cache_spec,
 )
-from kvspec.spec.conformance.manager_machine import (
+from kvspec.conformance.manager_machine import (
     HAND_LAYOUTS,
     PREFIXES,
     Layout,

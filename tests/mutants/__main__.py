@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from kvspec.spec.conformance.profiles import MUTANTS_PROFILE
+from kvspec.conformance.profiles import MUTANTS_PROFILE
 from tests.mutants import Mutant, catalogue
 
 # `kvspec audit` reads the mutation score from here.

@@ -1,5 +1,5 @@
 """Fault mutants: bugs that make the target stop returning. The conformance machines must
-report them as a discrepancy with a program (the step deadline, spec/conformance/deadline.py),
+report them as a discrepancy with a program (the step deadline, conformance/deadline.py),
 not hang until the suite times out.
 """
 

@@ -48,6 +48,7 @@ from time import monotonic
 from types import FrameType
 from typing import Any, TypeVar
 
+import kvspec.spec as spec_package
 from hypothesis import settings as Settings
 from hypothesis.stateful import INITIALIZE_RULE_MARKER, RULE_MARKER, RuleBasedStateMachine
 
@@ -59,9 +60,8 @@ SHRINK_FLOOR = 0.25  # ... and at least this many seconds
 BACKSTOP_SECONDS = 2.0  # CPU seconds past the deadline before the backstop ends the process
 ENVIRONMENT_VARIABLE = "KVSPEC_STEP_DEADLINE"
 
-_SPEC_DIR = Path(__file__).resolve().parents[1]  # spec/: the model; spec/conformance: machines
-_CONFORMANCE_DIR = Path(__file__).resolve().parent
-_REPO_ROOT = _SPEC_DIR.parent
+_SPEC_DIR = Path(spec_package.__file__).resolve().parent  # the model: a hang there is the spec's
+_REPO_ROOT = _SPEC_DIR.parent  # paths are shown from here
 _MAIN_THREAD = threading.main_thread().ident
 _CAN_ALARM = hasattr(signal, "setitimer") and hasattr(signal, "SIGALRM")
 if _CAN_ALARM:  # looked up once: a step arms and disarms two timers
@@ -230,7 +230,7 @@ def _stuck_message(seconds: float, frame: FrameType | None, budget: StepBudget) 
     who = "target"
     if frames:
         path = Path(frames[0].f_code.co_filename).resolve()
-        if path.is_relative_to(_SPEC_DIR) and not path.is_relative_to(_CONFORMANCE_DIR):
+        if path.is_relative_to(_SPEC_DIR):
             who = "spec"
     lines = [f"{who} did not return within {seconds:g} s"]
     if seconds < budget.configured:

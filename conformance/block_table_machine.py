@@ -35,8 +35,8 @@ from kvspec.spec.block_table_model import (
     SwapRow,
     TablesState,
 )
-from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.conformance.lockstep import Lockstep, Refused
+from kvspec.conformance.deadline import BoundedSteps
+from kvspec.conformance.lockstep import Lockstep, Refused
 
 NUM_ROWS = 3
 MAX_BLOCKS = 3
@@ -99,7 +99,7 @@ class TablesAdapter:
     variable = "tables"
 
     def __init__(self, path: str = IMPL_TABLES) -> None:
-        from kvspec.spec.conformance.vllm_targets import load_class
+        from kvspec.conformance.vllm_targets import load_class
 
         self.path = path
         self.target_path = path
@@ -155,7 +155,7 @@ class TablesAdapter:
     def imports(self) -> list[str]:
         module, _, name = self.path.partition(":")
         return ["import numpy as np", f"from {module} import {name}",
-                "from kvspec.spec.conformance.block_table_machine import slot_mappings, "
+                "from kvspec.conformance.block_table_machine import slot_mappings, "
                 "table_rows"]
 
     def call_source(self, command: Any) -> str:
@@ -194,7 +194,7 @@ def adapter_for(target: str) -> Callable[[], TablesAdapter]:
     if target == "impl":
         return TablesAdapter
     if target == "vllm" or target.startswith("vllm."):
-        from kvspec.spec.conformance.audit import LayerUnavailable
+        from kvspec.conformance.audit import LayerUnavailable
 
         raise LayerUnavailable(
             "no adapter for vLLM's MultiGroupBlockTable yet: it takes its row width from "

@@ -37,9 +37,9 @@ from hypothesis.stateful import (
 )
 
 from kvspec.spec import free_queue as model
-from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.conformance.lockstep import Discrepancy, Lockstep, Refused, add_named_invariants
-from kvspec.spec.conformance.vllm_targets import TargetError, load_class
+from kvspec.conformance.deadline import BoundedSteps
+from kvspec.conformance.lockstep import Discrepancy, Lockstep, Refused, add_named_invariants
+from kvspec.conformance.vllm_targets import TargetError, load_class
 from kvspec.spec.free_queue import (
     Append,
     AppendN,

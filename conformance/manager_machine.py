@@ -53,9 +53,9 @@ from kvspec.spec import (
     pool as pool_model,
     pool_invariants,
 )
-from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.conformance.lockstep import Lockstep, Refused
-from kvspec.spec.conformance.targets import (
+from kvspec.conformance.deadline import BoundedSteps
+from kvspec.conformance.lockstep import Lockstep, Refused
+from kvspec.conformance.targets import (
     load,
     perform_policy_command,
     plug_in_arguments,
@@ -501,10 +501,10 @@ class ImplManager:
             module_name, _, name = self.policy_path.partition(":")
             plug_in = [f"from {module_name} import {name}",
                        "from kvspec.spec.eviction import TokenRangeRetention"]
-        return [*plug_in,"from kvspec.spec.conformance.manager_machine import (ManagerView, "
+        return [*plug_in,"from kvspec.conformance.manager_machine import (ManagerView, "
                 "block_ids_or_none, hit_ids,\n    id_tuples, kv_cache_config, manager_view, "
                 "seed_none_hash)",
-                "from kvspec.spec.conformance.targets import spec_events",
+                "from kvspec.conformance.targets import spec_events",
                 "from kvspec.spec.pool import Cleared, Removed, Stored"]
 
     def _config_source(self, command: model.NewManager) -> str:

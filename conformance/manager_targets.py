@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.spec import hashing as hashing_model, manager as model
-from kvspec.spec.conformance.manager_machine import (
+from kvspec.conformance.manager_machine import (
     HASH_SEED,
     ImplManager,
     kv_cache_config,
     seed_none_hash,
 )
-from kvspec.spec.conformance.vllm_targets import VLLM_MANAGER, vllm_kv_cache_config
+from kvspec.conformance.vllm_targets import VLLM_MANAGER, vllm_kv_cache_config
 
 MAX_TOKENS = 1 << 20  # the sampling parameters' max_tokens: never the reason a request stops
 
@@ -38,7 +38,7 @@ class Vllm013Manager(ImplManager):
         seed_none_hash(init_none_hash, sha256, hashing.hash_seed)
 
     def _manager_class(self) -> Any:
-        from kvspec.spec.conformance.vllm_targets import load_class
+        from kvspec.conformance.vllm_targets import load_class
 
         return load_class(self.manager_path)
 
@@ -85,7 +85,7 @@ class Vllm013Manager(ImplManager):
                 "from vllm.v1.request import Request",
                 f"from {module_name} import {class_name} as KVCacheManager",
                 *self._checker_imports(),
-                "from kvspec.spec.conformance.vllm_targets import vllm_kv_cache_config"]
+                "from kvspec.conformance.vllm_targets import vllm_kv_cache_config"]
 
     def _config_source(self, command: model.NewManager) -> str:
         return f"vllm_kv_cache_config({super()._config_source(command)})"

@@ -42,12 +42,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from kvspec.spec.conformance.deadline import configured_seconds
-from kvspec.spec.conformance.lockstep import counterexample_source
-from kvspec.spec.conformance.vllm_targets import TargetError, pool_target
+from kvspec.conformance.deadline import configured_seconds
+from kvspec.conformance.lockstep import counterexample_source
+from kvspec.conformance.vllm_targets import TargetError, pool_target
 from kvspec.spec.pool import NewPool, Profile
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # Written by `python -m tests.mutants`: one entry per mutant, with its checker and verdict.
 MUTATION_CACHE = REPO_ROOT / "build" / "mutants.json"
 COUNTEREXAMPLE_DIR = Path("build") / "audit"
@@ -80,7 +80,7 @@ class Layer:
 
 
 def _build_pool(target: str, profile: Profile) -> LayerMachine:
-    from kvspec.spec.conformance import pool_machine
+    from kvspec.conformance import pool_machine
 
     info = pool_target(target)
     try:  # a target that cannot be built is a usage error, not a discrepancy
@@ -94,7 +94,7 @@ def _build_pool(target: str, profile: Profile) -> LayerMachine:
 
 def _build_manager(target: str, profile: Profile) -> LayerMachine:
     try:
-        from kvspec.spec.conformance import manager_machine
+        from kvspec.conformance import manager_machine
     except ImportError as error:
         raise LayerUnavailable(f"no manager machine in this checkout ({error})") from error
     if profile is not Profile.V0_13:
@@ -106,7 +106,7 @@ def _build_manager(target: str, profile: Profile) -> LayerMachine:
                             "vLLM 0.13 KVCacheManager API", out_of_contract)
     if target != "vllm":
         raise LayerUnavailable(f"no KVCacheManager adapter for target {target!r} yet")
-    from kvspec.spec.conformance import vllm_targets
+    from kvspec.conformance import vllm_targets
 
     if vllm_targets.vllm_version() is None:
         raise TargetError(vllm_targets._no_vllm_message())
@@ -126,8 +126,8 @@ def _policy_layer(layer: str, policy_name: str, target: str, profile: Profile) -
     plug-in, impl's pool (and manager) built with it; for any other class, a pool with vLLM
     0.13's API and kvspec's policy calls that claims the policy itself (pool layer only)."""
     from kvspec.impl.eviction import EvictionPolicy
-    from kvspec.spec.conformance import manager_machine, pool_machine
-    from kvspec.spec.conformance.targets import IMPL_POLICIES, VllmApiPool, load
+    from kvspec.conformance import manager_machine, pool_machine
+    from kvspec.conformance.targets import IMPL_POLICIES, VllmApiPool, load
     from kvspec.spec.eviction import policy_named
 
     try:
@@ -178,7 +178,7 @@ def _component_layer(module_name: str, target: str, api: str) -> LayerMachine:
     import importlib
 
     try:
-        module = importlib.import_module(f"kvspec.spec.conformance.{module_name}")
+        module = importlib.import_module(f"kvspec.conformance.{module_name}")
     except ModuleNotFoundError as error:
         raise LayerUnavailable(f"no {module_name} in this checkout ({error})") from error
     make_adapter = module.adapter_for(target)
@@ -237,7 +237,7 @@ def layers_for(layer: str, target: str) -> list[str]:
 
 
 # --- Recording ---------------------------------------------------------------------------------
-# A program is the list of commands (spec/conformance/lockstep.py) a machine ran on the target
+# A program is the list of commands (conformance/lockstep.py) a machine ran on the target
 # and the spec: read from the failing machine's ``lockstep.performed``, never re-derived from
 # Hypothesis's draws.
 
@@ -662,7 +662,7 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
     (`_policy_layer`) and the other layers are left out."""
     import random
 
-    from kvspec.spec.conformance.vllm_targets import vllm_version
+    from kvspec.conformance.vllm_targets import vllm_version
 
     names = layers_for(layer, target)
     layers = {name: LAYERS[name] for name in names}

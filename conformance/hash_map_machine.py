@@ -32,14 +32,14 @@ from hypothesis.stateful import (
 )
 
 from kvspec.spec import hash_map as model
-from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.conformance.free_queue_machine import (
+from kvspec.conformance.deadline import BoundedSteps
+from kvspec.conformance.free_queue_machine import (
     TargetClasses,
     build_source,
     load_classes,
     run_checked,
 )
-from kvspec.spec.conformance.lockstep import Lockstep, Refused, add_named_invariants
+from kvspec.conformance.lockstep import Lockstep, Refused, add_named_invariants
 from kvspec.spec.hash_map import Command, GetOneBlock, Insert, Len, MapState, MapView, NewMap, Pop
 
 IMPL_MODULE = "kvspec.impl.block_pool"

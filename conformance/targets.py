@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.spec import pool as model
-from kvspec.spec.conformance.lockstep import Unsupported
+from kvspec.conformance.lockstep import Unsupported
 from kvspec.spec.pool import NULL_BLOCK, Cleared, Event, Key, PoolState, Removed, Stored
 
 
@@ -329,7 +329,7 @@ class VllmApiPool:
         return [f"from {module_name} import {class_name}", *plug_in,
                 f"from {self.block_module} import KVCacheBlock",
                 "from kvspec.spec.eviction import TokenRangeRetention",
-                "from kvspec.spec.conformance.targets import (PoolView, ids, ids_or_none, "
+                "from kvspec.conformance.targets import (PoolView, ids, ids_or_none, "
                 "pool_view, request_for,\n    spec_events)",
                 "from kvspec.spec.pool import Cleared, Removed, Stored"]
 

@@ -38,9 +38,9 @@ from hypothesis.stateful import (
 )
 
 from kvspec.spec import event_consumer, pool as model, pool_invariants
-from kvspec.spec.conformance.deadline import BoundedSteps
-from kvspec.spec.conformance.lockstep import Lockstep, Refused, add_named_invariants
-from kvspec.spec.conformance.targets import PoolView, VllmApiPool, view_of
+from kvspec.conformance.deadline import BoundedSteps
+from kvspec.conformance.lockstep import Lockstep, Refused, add_named_invariants
+from kvspec.conformance.targets import PoolView, VllmApiPool, view_of
 from kvspec.spec.eviction import Policy, TokenRangeRetention
 from kvspec.spec.pool import NULL_BLOCK, PoolState, Profile
 

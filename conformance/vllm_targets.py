@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.spec.conformance.targets import VllmApiPool
+from kvspec.conformance.targets import VllmApiPool
 
 VLLM_POOL = "vllm.v1.core.block_pool:BlockPool"
 IMPL_POOL = "kvspec.impl.block_pool:BlockPool"
@@ -132,7 +132,7 @@ class Vllm033Pool(VllmApiPool):
 
     def imports(self) -> list[str]:
         return [*super().imports(),
-                "from kvspec.spec.conformance.vllm_targets import request_for_033"]
+                "from kvspec.conformance.vllm_targets import request_for_033"]
 
     def call_source(self, command: Any) -> str:
         source = super().call_source(command)
@@ -253,7 +253,7 @@ def vllm_kv_cache_config(impl_config: Any) -> Any:
 
 def vllm_manager_013_target() -> Any:
     """An adapter driving vLLM 0.13's KVCacheManager (`manager_targets.Vllm013Manager`)."""
-    from kvspec.spec.conformance.manager_targets import Vllm013Manager
+    from kvspec.conformance.manager_targets import Vllm013Manager
 
     return Vllm013Manager()
 
