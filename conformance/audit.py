@@ -125,9 +125,9 @@ def _policy_layer(layer: str, policy_name: str, target: str, profile: Profile) -
     impl's plug-in of that policy; for a ``module:Class`` that is an impl `EvictionPolicy`
     plug-in, impl's pool (and manager) built with it; for any other class, a pool with vLLM
     0.13's API and kvspec's policy calls that claims the policy itself (pool layer only)."""
-    from kvspec.impl.eviction import EvictionPolicy
     from kvspec.conformance import manager_machine, pool_machine
     from kvspec.conformance.targets import IMPL_POLICIES, VllmApiPool, load
+    from kvspec.impl.eviction import EvictionPolicy
     from kvspec.spec.eviction import policy_named
 
     try:

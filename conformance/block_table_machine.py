@@ -23,6 +23,8 @@ import numpy as np
 from hypothesis import event, strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
+from kvspec.conformance.deadline import BoundedSteps
+from kvspec.conformance.lockstep import Lockstep, Refused
 from kvspec.spec import block_table_model as model, slot_mapping as slots
 from kvspec.spec.block_table_model import (
     AddRow,
@@ -35,8 +37,6 @@ from kvspec.spec.block_table_model import (
     SwapRow,
     TablesState,
 )
-from kvspec.conformance.deadline import BoundedSteps
-from kvspec.conformance.lockstep import Lockstep, Refused
 
 NUM_ROWS = 3
 MAX_BLOCKS = 3

@@ -48,9 +48,10 @@ from time import monotonic
 from types import FrameType
 from typing import Any, TypeVar
 
-import kvspec.spec as spec_package
 from hypothesis import settings as Settings
 from hypothesis.stateful import INITIALIZE_RULE_MARKER, RULE_MARKER, RuleBasedStateMachine
+
+import kvspec.spec as spec_package
 
 T = TypeVar("T")
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import permutations
 
-from kvspec.spec import pool as model, pool_invariants
 from kvspec.conformance.lockstep import Lockstep
 from kvspec.conformance.targets import VllmApiPool, view_of
+from kvspec.spec import pool as model, pool_invariants
 from kvspec.spec.pool import BlockId, PoolState, Profile
 
 Trace = tuple[model.PoolCommand, ...]

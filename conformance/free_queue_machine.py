@@ -36,10 +36,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvspec.spec import free_queue as model
 from kvspec.conformance.deadline import BoundedSteps
 from kvspec.conformance.lockstep import Discrepancy, Lockstep, Refused, add_named_invariants
 from kvspec.conformance.vllm_targets import TargetError, load_class
+from kvspec.spec import free_queue as model
 from kvspec.spec.free_queue import (
     Append,
     AppendN,

@@ -31,7 +31,6 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvspec.spec import hash_map as model
 from kvspec.conformance.deadline import BoundedSteps
 from kvspec.conformance.free_queue_machine import (
     TargetClasses,
@@ -40,6 +39,7 @@ from kvspec.conformance.free_queue_machine import (
     run_checked,
 )
 from kvspec.conformance.lockstep import Lockstep, Refused, add_named_invariants
+from kvspec.spec import hash_map as model
 from kvspec.spec.hash_map import Command, GetOneBlock, Insert, Len, MapState, MapView, NewMap, Pop
 
 IMPL_MODULE = "kvspec.impl.block_pool"

@@ -46,13 +46,6 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvspec.spec import (
-    event_consumer,
-    hashing as hashing_model,
-    manager as model,
-    pool as pool_model,
-    pool_invariants,
-)
 from kvspec.conformance.deadline import BoundedSteps
 from kvspec.conformance.lockstep import Lockstep, Refused
 from kvspec.conformance.targets import (
@@ -61,6 +54,13 @@ from kvspec.conformance.targets import (
     plug_in_arguments,
     policy_call_source,
     spec_events,
+)
+from kvspec.spec import (
+    event_consumer,
+    hashing as hashing_model,
+    manager as model,
+    pool as pool_model,
+    pool_invariants,
 )
 from kvspec.spec.eviction import Policy, TokenRangeRetention
 from kvspec.spec.manager import GroupSpec, Kind, ManagerConfig, Session

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.spec import hashing as hashing_model, manager as model
 from kvspec.conformance.manager_machine import (
     HASH_SEED,
     ImplManager,
@@ -19,6 +18,7 @@ from kvspec.conformance.manager_machine import (
     seed_none_hash,
 )
 from kvspec.conformance.vllm_targets import VLLM_MANAGER, vllm_kv_cache_config
+from kvspec.spec import hashing as hashing_model, manager as model
 
 MAX_TOKENS = 1 << 20  # the sampling parameters' max_tokens: never the reason a request stops
 

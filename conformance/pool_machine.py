@@ -37,10 +37,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.conformance.deadline import BoundedSteps
 from kvspec.conformance.lockstep import Lockstep, Refused, add_named_invariants
 from kvspec.conformance.targets import PoolView, VllmApiPool, view_of
+from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.spec.eviction import Policy, TokenRangeRetention
 from kvspec.spec.pool import NULL_BLOCK, PoolState, Profile
 

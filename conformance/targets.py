@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.spec import pool as model
 from kvspec.conformance.lockstep import Unsupported
+from kvspec.spec import pool as model
 from kvspec.spec.pool import NULL_BLOCK, Cleared, Event, Key, PoolState, Removed, Stored
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from kvspec.cli import main
-from kvspec.spec import pool_invariants
 from kvspec.conformance.audit import mutation_score
 from kvspec.conformance.pool_machine import BAD_CALLS
 from kvspec.conformance.vllm_targets import vllm_version
+from kvspec.spec import pool_invariants
 
 BUGGY = "tests.planted_bug_pool:ReversedAllocationPool"
 SPINNING = "tests.planted_bug_pool:NegativeCountSpinsPool"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from kvspec.impl.block_pool import BlockPool, InvalidBlockHashError
 from kvspec.conformance.pool_machine import chain_hash
+from kvspec.impl.block_pool import BlockPool, InvalidBlockHashError
 
 
 class _Request:

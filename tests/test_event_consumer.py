@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.conformance.explore import explore
+from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.spec.event_consumer import CachedBlock, router_view
 from kvspec.spec.pool import Cleared, Profile, Removed, Stored
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.spec import free_queue as model
 from kvspec.conformance.free_queue_machine import adapter_for, machine_for
 from kvspec.conformance.lockstep import Discrepancy, Lockstep, counterexample_source
 from kvspec.conformance.vllm_targets import TargetError
+from kvspec.spec import free_queue as model
 
 TestImplFreeQueueConformsToSpec = machine_for(adapter_for("impl")).TestCase
 

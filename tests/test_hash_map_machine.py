@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.spec import hash_map as model
 from kvspec.conformance.hash_map_machine import KEYS, adapter_for, machine_for
 from kvspec.conformance.lockstep import (
     Discrepancy,
@@ -18,6 +17,7 @@ from kvspec.conformance.lockstep import (
     counterexample_source,
 )
 from kvspec.conformance.vllm_targets import TargetError
+from kvspec.spec import hash_map as model
 
 TestImplHashMapConformsToSpec = machine_for(adapter_for("impl")).TestCase
 

@@ -14,6 +14,13 @@ from typing import Any
 
 import pytest
 
+from kvspec.conformance.lockstep import Lockstep, Refused
+from kvspec.conformance.manager_machine import (
+    ImplManager,
+    group_spec_of,
+    hand_layout,
+    view_of,
+)
 from kvspec.impl.hashing import get_request_block_hasher, sha256
 from kvspec.impl.kv_cache_interface import (
     CrossAttentionSpec,
@@ -35,13 +42,6 @@ from kvspec.impl.kv_cache_manager import (
     UnsupportedKVCacheSpec,
 )
 from kvspec.spec import manager as model
-from kvspec.conformance.lockstep import Lockstep, Refused
-from kvspec.conformance.manager_machine import (
-    ImplManager,
-    group_spec_of,
-    hand_layout,
-    view_of,
-)
 
 BS = 4
 

@@ -9,6 +9,13 @@ from typing import Any
 
 import pytest
 
+from kvspec.conformance.lockstep import Lockstep
+from kvspec.conformance.manager_machine import (
+    ImplManager,
+    group_spec_of,
+    hand_layout,
+    view_of,
+)
 from kvspec.impl.hashing import get_request_block_hasher, sha256
 from kvspec.impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -21,13 +28,6 @@ from kvspec.impl.kv_cache_interface import (
 )
 from kvspec.impl.kv_cache_manager import KVCacheManager, Request
 from kvspec.spec import manager as model
-from kvspec.conformance.lockstep import Lockstep
-from kvspec.conformance.manager_machine import (
-    ImplManager,
-    group_spec_of,
-    hand_layout,
-    view_of,
-)
 from kvspec.spec.manager import ManagerConfig, Session
 
 BS = 2

@@ -11,7 +11,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kvspec.spec import manager as model
 from kvspec.conformance.lockstep import counterexample_source
 from kvspec.conformance.manager_machine import (
     HAND_LAYOUTS,
@@ -23,6 +22,7 @@ from kvspec.conformance.manager_machine import (
     spec_config,
     view_of,
 )
+from kvspec.spec import manager as model
 from kvspec.spec.hashing import KeyFormat
 
 HYBRID_LAYOUTS = (

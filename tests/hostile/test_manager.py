@@ -23,6 +23,12 @@ from typing import Any
 
 from hypothesis import given, strategies as st
 
+from kvspec.conformance.manager_machine import (
+    HAND_LAYOUTS,
+    PREFIXES,
+    Layout,
+    model_layout,
+)
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.hashing import BlockHash, get_request_block_hasher, sha256
 from kvspec.impl.kv_cache_coordinator import (
@@ -55,12 +61,6 @@ from kvspec.impl.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     SlidingWindowManager,
     get_manager_for_kv_cache_spec,
-)
-from kvspec.conformance.manager_machine import (
-    HAND_LAYOUTS,
-    PREFIXES,
-    Layout,
-    model_layout,
 )
 from tests.hostile import BadCall, Verdict, check, judge
 from tests.hostile.test_pool import PoolSubject, pool_snapshot
