@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from kvspec.impl.utils import TORCH_INTEGER_DTYPES, as_int
+from kvspec.impl.checks import as_int
+from kvspec.impl.utils import TORCH_INTEGER_DTYPES
 
 PAD_SLOT_ID = -1
 # Tokens per Triton program. 1024 keeps a program's loads and stores in flight without

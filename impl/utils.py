@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvspec.impl.checks import as_int
+
 # Sizes are int64 in torch: anything larger cannot be a tensor's dimension.
 _SIZE_LIMIT = 2**63
 # The tensor dtypes that hold integers (a batch's request indices and positions, a table).
@@ -45,15 +47,6 @@ def as_device(device: object, error: type[ValueError] = CpuGpuBufferError) -> to
         return torch.device(device)
     except (RuntimeError, ValueError) as cause:
         raise error(f"device={device!r} is not a device: {cause}") from cause
-
-
-def as_int(value: object) -> int | None:
-    """``value`` as an int when it is an integer (a Python or numpy one, never a bool)."""
-    if type(value) is int:
-        return value
-    if isinstance(value, int | np.integer) and not isinstance(value, bool):
-        return int(value)
-    return None
 
 
 class CpuGpuBuffer:
