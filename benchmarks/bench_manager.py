@@ -1,4 +1,4 @@
-"""Workload c1 of baseline.md: the prefix-caching workload through the whole KVCacheManager.
+"""Workload c1 (docs/benchmarks.md): the prefix-caching workload through the KVCacheManager.
 
 10,000 requests over 1,000 distinct prefixes of 32 blocks (Zipf s=1 popularity), each with
 1..128 random suffix tokens; block size 16; an 8,192-block pool; at most 32 requests

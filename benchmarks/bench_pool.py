@@ -1,4 +1,4 @@
-"""BlockPool workloads a, b and c2 of baseline.md, for any class with vLLM 0.13's BlockPool API.
+"""BlockPool workloads a, b and c2 (docs/benchmarks.md), for any class with vLLM 0.13's API.
 
 The same workload code drives kvspec's impl/ and, when vLLM is importable in this
 interpreter, vLLM's BlockPool, alternating runs in one process; figures are best-of-N and

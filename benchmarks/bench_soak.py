@@ -28,7 +28,7 @@ untraced run's (``--no-trace``); compare them with each other.
 
 Run: ``python -m benchmarks.bench_soak [--quick] [--only pool|manager] [--no-trace]``, or
 ``python -m benchmarks.run --only soak``. Not in the default benchmark run: the full soak
-takes minutes (see README, Figures).
+takes minutes (docs/benchmarks.md, the soak).
 """
 
 from __future__ import annotations

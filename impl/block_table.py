@@ -1,7 +1,7 @@
 """The worker's block tables: vLLM 0.13's ``BlockTable`` and ``MultiGroupBlockTable`` API.
 
 Specification: spec/block_table_model.py (row operations) and spec/slot_mapping.py (the slot
-of each token). vLLM reference: vllm/v1/worker/block_table.py (0.13), seed 003 section 5.
+of each token). vLLM reference: vllm/v1/worker/block_table.py (0.13).
 
 Layout
 ------

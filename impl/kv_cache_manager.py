@@ -1,6 +1,6 @@
 """KVCacheManager: what a scheduler calls (vLLM 0.13's API; spec: spec/manager.py).
 
-``allocate_slots`` runs the five stages of seed 002 (free skipped blocks, capacity check,
+``allocate_slots`` runs vLLM 0.13's five stages (free skipped blocks, capacity check,
 attach cache hits, allocate new blocks, cache newly full blocks) as one transaction: every
 input is checked and the capacity is counted (including the blocks stage 1 would free) before
 anything changes, so a refused call or a ``None`` (not enough free blocks) leaves the manager,

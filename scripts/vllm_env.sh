@@ -5,7 +5,7 @@
 # and audits. Usage (from the repo root): bash scripts/vllm_env.sh 0.13.0|0.33.0
 #
 # vLLM cannot be installed with its dependencies here: they pin a CUDA torch. So the
-# recipe (docs/vllm-envs.md, shared/reference/baseline.md) is: the CPU torch first, then
+# recipe (docs/vllm-envs.md) is: the CPU torch first, then
 # vllm with --no-deps, then only what importing the core modules needs, with torch held
 # in place by a pip constraint. Re-running on a finished environment only checks it.
 #

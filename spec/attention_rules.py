@@ -1,4 +1,4 @@
-"""The pure arithmetic of the attention-type managers (seed 002; vllm-v1-notes section 5).
+"""The attention-type managers' pure arithmetic (vllm/v1/core/single_type_kv_cache_manager.py).
 
 Every function here is total over its precondition and carries PEP 316 contracts that
 ``crosshair check --analysis_kind=PEP316`` verifies. ``spec.manager`` builds the manager model

@@ -2,7 +2,7 @@
 
 A table is a tuple of rows; row ``r`` is the tuple of (manager) block ids request slot ``r``
 holds, in order. vLLM 0.13 keeps the rows in a fixed-width int32 matrix plus a count per row
-(vllm/v1/worker/block_table.py; seed 003 section 5.2); this model keeps only what a reader
+(vllm/v1/worker/block_table.py, ``BlockTable``); this model keeps only what a reader
 of the table may rely on: the first ``count`` entries of each row. What lies past a row's
 count (stale entries ``add_row`` and ``move_row`` leave behind) is not part of the model.
 

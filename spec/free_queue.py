@@ -1,4 +1,4 @@
-"""The free-block queue, as an executable model (vllm-v1-notes.md section 2, the free queue).
+"""The free-block queue, as an executable model (vllm/v1/core/kv_cache_utils.py, 0.13).
 
 vLLM keeps the free blocks of a pool in ``FreeKVCacheBlockQueue``: a doubly linked list
 threaded through the block objects, head (reused next, least recently freed) first. The

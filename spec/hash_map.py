@@ -1,4 +1,4 @@
-"""The prefix-cache map, as an executable model (vllm-v1-notes.md section 2, BlockHashToBlockMap).
+"""The prefix-cache map, as an executable model (BlockHashToBlockMap, vllm/v1/core/block_pool.py).
 
 vLLM's ``BlockHashToBlockMap`` maps a key (``BlockHashWithGroupId``: a block hash followed by
 the 4-byte group id) to the blocks cached under it. The same content may be cached in

@@ -1,4 +1,4 @@
-"""Prefix hashing, as an executable model (seeds 002 and 004; vllm-v1-notes.md section 1).
+"""Prefix hashing, as an executable model (vLLM 0.13's vllm/v1/core/kv_cache_utils.py).
 
 A request's tokens are cut into full blocks of ``block_size``; block ``i`` covers tokens
 ``[i * block_size, (i + 1) * block_size)`` and a partial tail block gets no hash. Block ``i``

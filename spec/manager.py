@@ -1,4 +1,4 @@
-"""The KV-cache manager, as an executable model (seeds 002 and 004; vllm-v1-notes sections 3-5).
+"""The KV-cache manager, as an executable model (vLLM 0.13's vllm/v1/core/kv_cache_manager.py).
 
 One immutable value, `ManagerState`, holds the pool model (`spec.pool`) and, per KV-cache
 group, each request's block list and how many of its blocks are keyed. Every operation is a

@@ -1,8 +1,9 @@
-"""The block pool, as an executable model (seeds 000 and 001; vllm-v1-notes.md section 2).
+"""The block pool, as an executable model of vLLM 0.13's vllm/v1/core/block_pool.py.
 
 State is one immutable value, `PoolState`; every operation is a small pure function that
-returns the new state and its outputs. Read each operation beside the seed it cites: the
-model says *what* happens, never how fast. Invariants live in `spec.pool_invariants`.
+returns the new state and its outputs. Read each operation beside vLLM's `BlockPool` method
+of the same name: the model says *what* happens, never how fast. Invariants live in
+`spec.pool_invariants`.
 
 Block 0 is the null block: it is never free, never keyed, and its ref count is not modelled.
 A key is a `BlockHashWithGroupId`: the block hash followed by the 4-byte big-endian group id.
@@ -54,7 +55,7 @@ class Profile(Enum):
         return self is Profile.V0_33
 
 
-# --- Events (vllm-v1-notes 7). Hashes are external hashes: the low 64 bits, as ints. -----------
+# --- Events (vllm/distributed/kv_events.py). Hashes are external: the low 64 bits, as ints. ---
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def new_pool(
 
 
 def make_key(block_hash: bytes, group_id: int) -> Key:
-    """The map key of a block hash in one KV-cache group (vllm-v1-notes 1.1).
+    """The map key of a block hash in one KV-cache group (vllm/v1/core/kv_cache_utils.py).
 
     pre: 0 <= group_id < 2 ** 32
     raises: BadHash
@@ -271,7 +272,7 @@ def _check_ids(state: PoolState, blocks: Iterable[BlockId]) -> None:
 
 
 def _uncache(state: PoolState, block: BlockId) -> PoolState:
-    """Drop a block's key, if it has one, from the block and from the map (seed 000, eviction)."""
+    """Drop a block's key, if it has one, from the block and from the map (vLLM's eviction)."""
     key = state.key_of[block]
     if key is None:
         return state

@@ -1,4 +1,4 @@
-"""The block pool's invariants: one named predicate per property (vllm-v1-notes section 9).
+"""The block pool's invariants: one named predicate per property of vLLM's BlockPool.
 
 Each predicate takes a `PoolState` and returns True when the property holds. `ALL` lists them
 for the conformance machine, which checks every one after every step; `violated(state)`

@@ -3,7 +3,7 @@
 Stated per token, over plain ints and tuples, so that each function reads as its definition
 and CrossHair can check the contracts (``crosshair check --analysis_kind=PEP316``).
 
-Terms (vLLM 0.13, vllm/v1/worker/block_table.py; seed 003 section 5):
+Terms (vLLM 0.13, vllm/v1/worker/block_table.py, ``BlockTable.compute_slot_mapping``):
 
 * A *row* is the tuple of block ids a request holds, in order: block ``j`` of the row holds
   positions ``[j * block_size, (j + 1) * block_size)``.

@@ -2,7 +2,7 @@
 
 It claims ``priority`` and gets one thing wrong that a real patch could: an expired priority
 never reverts (``advance_clock`` is not overridden by its own bookkeeping). The audit must
-catch it (tests/test_audit_policy.py); the README shows the command.
+catch it (tests/test_audit_policy.py); docs/policies.md shows the command.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def as_tensors(case: Case, device: str = "cpu") -> tuple[torch.Tensor, torch.Ten
     )
 
 
-# --- worked examples (vllm-v1-notes.md section 8.5, seed 003 section 5.3) -----------------
+# --- worked examples of vLLM 0.13's formula (vllm/v1/worker/block_table.py) ---------------
 
 
 def test_worked_examples_from_the_notes() -> None:
