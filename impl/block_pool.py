@@ -3,7 +3,7 @@
 Where the state lives
 ---------------------
 * ref counts: ``_in_use`` is the set of blocks with ref >= 1 and ``_shared`` the subset
-  with ref >= 2, whose ``block._extra_refs`` holds ref - 1. A request's unshared blocks
+  with ref >= 2, whose ``block.extra_refs`` holds ref - 1. A request's unshared blocks
   are allocated and freed with one set update each instead of a loop over ref counts.
 * the free order: ``free_block_queue`` (see impl/kv_cache_utils.py).
 * keys: ``_key_of`` maps a keyed block to its block hash and ``_group_of`` to its group id
@@ -13,6 +13,18 @@ Where the state lives
   pool of a million blocks costs a list of a million empty slots to build.
 
 Every input is checked before anything changes: a refused call leaves the pool as it was.
+Integer arguments follow impl's one rule (impl/checks.py): an int or a numpy integer, never a
+bool or a float.
+
+Seams
+-----
+The pool meets the modules below it through public, named members only: a block's
+``owner`` and ``extra_refs`` (``BlockOwner``, impl/kv_cache_utils.py, which the pool
+implements: ``ref_count``, ``block_hash_of``), its free queue's ``*_unchecked`` moves, and the
+map's ``insert_unchecked``, ``remove_unchecked``, ``groups`` and ``later``. An eviction policy
+reads the pool through ``PolicyPool`` (impl/eviction.py): ``blocks``, ``cached_blocks``,
+``blocks_in_use``, ``clock``, ``free_block_queue``, ... ``check_representation()`` checks the
+layout of the pool, its queue, its map and its policy (tests, debugging).
 
 Bounded events
 --------------
@@ -43,65 +55,109 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice, repeat, takewhile
 from operator import attrgetter, truth
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, overload
 
 from mypy_extensions import mypyc_attr
 
 from kvspec.impl import host_types
+from kvspec.impl.checks import BlockLike, Flag, HashBytes, as_int
 from kvspec.impl.errors import (
     BlockAlreadyCachedError as BlockAlreadyCachedError,
+    BlockNotCachedError as BlockNotCachedError,
     BlockNotInPoolError as BlockNotInPoolError,
     BlockNotInUseError as BlockNotInUseError,
+    BlockNotPinnedError as BlockNotPinnedError,
     BlockPoolError as BlockPoolError,
+    ClockWentBackError as ClockWentBackError,
     InvalidBlockCountError as InvalidBlockCountError,
     InvalidBlockHashError as InvalidBlockHashError,
     InvalidBlockListError as InvalidBlockListError,
     InvalidPoolConfigError as InvalidPoolConfigError,
     InvalidRequestForCachingError as InvalidRequestForCachingError,
     NotEnoughFreeBlocksError as NotEnoughFreeBlocksError,
+    PinRefusedError as PinRefusedError,
+    PolicyNotSupportedError as PolicyNotSupportedError,
 )
-from kvspec.impl.eviction import (
-    BlockNotCachedError,
-    BlockNotPinnedError,
-    ClockWentBackError,
-    EvictionPolicy,
-    PinRefusedError,
-    PolicyNotSupportedError,
-    check_retention,
-)
+from kvspec.impl.eviction import EvictionPolicy, check_retention
 from kvspec.impl.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
     BlockHashWithGroupId,
     maybe_convert_block_hash,
 )
-from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from kvspec.impl.kv_cache_metrics import MetricsCollectorLike
+from kvspec.impl.kv_cache_utils import BlockOwner, FreeKVCacheBlockQueue, KVCacheBlock
 from kvspec.impl.kv_events import MEDIUM_GPU, KVCacheEvent
 
 if TYPE_CHECKING:
-    from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
-    from kvspec.impl.request import RequestLike
+    from collections.abc import Collection, Set as AbstractSet
 
 logger = logging.getLogger(__name__)
 
+
+class RequestToCache(Protocol):
+    """What the pool reads of a request when it keys the request's blocks: vLLM's
+    ``Request``, impl's, or any object with these fields (read, never checked by class)."""
+
+    @property
+    def block_hashes(self) -> Sequence[bytes]: ...
+
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def lora_request(self) -> object: ...
+
+# Block ids are int32 in vLLM's block tables and kernels: a pool holds at most 2**31 blocks.
+MAX_NUM_GPU_BLOCKS = 2**31
+
 _GROUP_ID_SUFFIXES = tuple(gid.to_bytes(4, "big") for gid in range(256))
 _GROUP_0 = _GROUP_ID_SUFFIXES[0]
-_pool_of = attrgetter("_pool")
+_pool_of = attrgetter("owner")
 _block_id_of = attrgetter("block_id")
 
 
-def _suffix(group_id: int) -> bytes:
-    if type(group_id) is int and 0 <= group_id < 256:
-        return _GROUP_ID_SUFFIXES[group_id]
-    if not isinstance(group_id, int) or not 0 <= group_id < 2**32:
-        raise InvalidBlockHashError(f"group id must be an int in [0, 2**32), got {group_id!r}")
-    return group_id.to_bytes(4, "big")
-
-
 def _check_group_id(group_id: object) -> int:
-    if type(group_id) is not int or not 0 <= group_id < 2**32:
+    """A group id: an integer (``as_int``) in [0, 2**32)."""
+    checked = group_id if type(group_id) is int else as_int(group_id)
+    if checked is None or not 0 <= checked < 2**32:
         raise InvalidBlockHashError(f"group id must be an int in [0, 2**32), got {group_id!r}")
-    return group_id
+    return checked
+
+
+def _check_count(name: str, value: object, low: int = 0) -> int:
+    """A block count: an integer (``as_int``) >= ``low``."""
+    count = value if type(value) is int else as_int(value)
+    if count is None or count < low:
+        raise InvalidBlockCountError(f"{name} must be an int >= {low}, got {value!r}")
+    return count
+
+
+def _check_block_ids(block_ids: object, size: int) -> list[int]:
+    """Block ids read whole (``_listed``) and checked: integers (``as_int``) in the pool."""
+    ids: list[int] = []
+    for given in _listed(block_ids, "block_ids"):
+        block_id = given if type(given) is int else as_int(given)
+        if block_id is None or not 0 <= block_id < size:
+            raise BlockNotInPoolError(f"block id {given!r} is outside the pool of {size} blocks")
+        ids.append(block_id)
+    return ids
+
+
+def _new_block(pool: BlockPool, block_id: int) -> KVCacheBlock:
+    """Block ``block_id`` of ``pool``, made (a handle whose ref count and key the pool keeps)."""
+    block = KVCacheBlock(block_id)
+    block.owner = pool
+    return block
+
+
+def _made_block(pool: BlockPool, objects: list[KVCacheBlock | None], block_id: int
+                ) -> KVCacheBlock:
+    """The pool's block ``block_id`` (in range), made the first time it is asked for."""
+    block = objects[block_id]
+    if block is None:
+        block = objects[block_id] = _new_block(pool, block_id)
+    return block
 
 
 def _listed(values: object, what: str) -> list[Any]:
@@ -126,19 +182,24 @@ def _is_subset(items: list[Any], members: set[KVCacheBlock]) -> bool:
 
 
 def _flag(name: str, value: object) -> bool:
+    """A setting that is a bool."""
     if type(value) is not bool:
         raise InvalidPoolConfigError(f"{name} must be a bool, got {value!r}")
     return value
 
 
 def _event_bound(value: object) -> int | None:
-    if value is not None and (type(value) is not int or value < 1):
+    """None, or an integer (``as_int``) >= 1."""
+    if value is None:
+        return None
+    bound = as_int(value)
+    if bound is None or bound < 1:
         raise InvalidPoolConfigError(
             f"max_pending_kv_events must be None or a positive int, got {value!r}")
-    return value
+    return bound
 
 
-def _collector(value: object) -> KVCacheMetricsCollector | None:
+def _collector(value: object) -> MetricsCollectorLike | None:
     if value is not None and not callable(getattr(value, "on_block_allocated", None)):
         raise InvalidPoolConfigError(
             f"metrics_collector must be a KVCacheMetricsCollector, got {value!r}")
@@ -158,78 +219,85 @@ class BlockHashToBlockMap:
     stored split, so that a lookup is one dict ``get`` on the bare hash (whose hash the bytes
     object has cached) and a request's whole prefix is looked up with ``map`` at C speed:
 
-    * ``_groups[group_id][block_hash]``: the first block cached under the key;
-    * ``_later[(group_id, block_hash)]``: the blocks cached under it after the first, in
+    * ``groups[group_id][block_hash]``: the first block cached under the key;
+    * ``later[(group_id, block_hash)]``: the blocks cached under it after the first, in
       order. The same content may be cached in several blocks (two requests computed it at
       once; block tables are append-only, so there is no de-duplication), which is rare:
-      ``_later`` is usually empty, and then every keyed block is its key's first.
+      ``later`` is usually empty, and then every keyed block is its key's first.
+
+    The owner's seam (the pool's): it reads ``groups`` and ``later`` (never writes them)
+    and moves blocks with ``insert_unchecked`` and ``remove_unchecked``; everyone else uses
+    vLLM's checked ``get_one_block``, ``insert`` and ``pop``.
     """
 
     def __init__(self) -> None:
-        self._groups: dict[int, dict[bytes, KVCacheBlock]] = {}
-        self._later: dict[tuple[int, bytes], list[KVCacheBlock]] = {}
+        self.groups: dict[int, dict[bytes, KVCacheBlock]] = {}
+        self.later: dict[tuple[int, bytes], list[KVCacheBlock]] = {}
 
-    def get_one_block(self, key: BlockHashWithGroupId | object) -> KVCacheBlock | None:
+    def get_one_block(self, key: HashBytes) -> KVCacheBlock | None:
         block_hash, group_id = _split_key(key)
-        group = self._groups.get(group_id)
+        group = self.groups.get(group_id)
         return None if group is None else group.get(block_hash)
 
-    def insert(self, key: BlockHashWithGroupId | object, block: KVCacheBlock | object) -> None:
+    def insert(self, key: HashBytes, block: BlockLike) -> None:
         block_hash, group_id = _split_key(key)
         if not isinstance(block, KVCacheBlock):
             raise BlockNotInPoolError(f"only a KVCacheBlock can be cached, got {block!r}")
-        # A block has at most one key. The pool keys only unkeyed blocks and calls _insert;
-        # this public entry checks, by a scan (it is off the pool's hot path).
+        # A block has at most one key. The pool keys only unkeyed blocks and calls
+        # insert_unchecked; this public entry checks, by a scan (off the pool's hot path).
         for mapped_key, blocks in self.items():
             if any(b is block for b in blocks):
                 raise BlockAlreadyCachedError(
                     f"block {block.block_id} is already cached under key {mapped_key!r}")
-        self._insert(group_id, block_hash, block)
+        self.insert_unchecked(group_id, block_hash, block)
 
-    def pop(
-        self, key: BlockHashWithGroupId | object, block_id: int | object
-    ) -> KVCacheBlock | None:
+    def pop(self, key: HashBytes, block_id: SupportsIndex) -> KVCacheBlock | None:
         block_hash, group_id = _split_key(key)
-        if type(block_id) is not int:
+        checked_id = block_id if type(block_id) is int else as_int(block_id)
+        if checked_id is None:
             raise BlockNotInPoolError(f"block id must be an int, got {block_id!r}")
         for block in self._blocks(group_id, block_hash):
-            if block.block_id == block_id:
-                self._remove(group_id, block_hash, block)
+            if block.block_id == checked_id:
+                self.remove_unchecked(group_id, block_hash, block)
                 return block
         return None
 
     def __len__(self) -> int:
-        return sum(len(group) for group in self._groups.values())
+        return sum(len(group) for group in self.groups.values())
 
     def clear(self) -> None:
-        self._groups.clear()
-        self._later.clear()
+        self.groups.clear()
+        self.later.clear()
 
     def items(self) -> Iterator[tuple[bytes, list[KVCacheBlock]]]:
         """Each key (hash + group id) with its blocks, first inserted first (for audits)."""
-        for group_id, group in self._groups.items():
+        for group_id, group in self.groups.items():
             suffix = group_id.to_bytes(4, "big")
             for block_hash in group:
                 yield block_hash + suffix, self._blocks(group_id, block_hash)
 
     def _check(self) -> None:
+        """``check_representation()``, by its former name."""
+        self.check_representation()
+
+    def check_representation(self) -> None:
         """The representation invariant, for tests and debugging (O(blocks)); raises an
         ``AssertionError`` naming the broken property. No ``assert``: it runs under -O.
 
-        Every ``_later`` list extends a key that has a first block, and is not empty; no
+        Every ``later`` list extends a key that has a first block, and is not empty; no
         block is cached twice (under one key or two)."""
-        for group_id, group in self._groups.items():
+        for group_id, group in self.groups.items():
             if type(group_id) is not int or not 0 <= group_id < 2**32:
                 raise AssertionError(f"hash map: group id {group_id!r} is not a 4-byte int")
             for block_hash, block in group.items():
                 if type(block_hash) is not bytes or not isinstance(block, KVCacheBlock):
                     raise AssertionError(f"hash map: entry {block_hash!r} -> {block!r} is not "
                                          f"bytes -> KVCacheBlock")
-        for (group_id, block_hash), later in self._later.items():
+        for (group_id, block_hash), later in self.later.items():
             if not later:
                 raise AssertionError(f"hash map: empty later list under group {group_id} "
                                      f"hash {block_hash!r}")
-            if block_hash not in self._groups.get(group_id, {}):
+            if block_hash not in self.groups.get(group_id, {}):
                 raise AssertionError(f"hash map: later blocks under group {group_id} hash "
                                      f"{block_hash!r}, which has no first block")
         seen: set[KVCacheBlock] = set()
@@ -240,24 +308,28 @@ class BlockHashToBlockMap:
                 seen.add(block)
 
     def _blocks(self, group_id: int, block_hash: bytes) -> list[KVCacheBlock]:
-        first = self._groups.get(group_id, {}).get(block_hash)
+        first = self.groups.get(group_id, {}).get(block_hash)
         if first is None:
             return []
-        return [first, *self._later.get((group_id, block_hash), ())]
+        return [first, *self.later.get((group_id, block_hash), ())]
 
-    def _insert(self, group_id: int, block_hash: bytes, block: KVCacheBlock) -> None:
-        group = self._groups.get(group_id)
+    def insert_unchecked(self, group_id: int, block_hash: bytes, block: KVCacheBlock) -> None:
+        """Cache ``block`` under the key, after any already there. The owner's seam: the
+        caller guarantees the block has no key and the key's parts are a group id in
+        [0, 2**32) and bytes."""
+        group = self.groups.get(group_id)
         if group is None:
-            self._groups[group_id] = {block_hash: block}
+            self.groups[group_id] = {block_hash: block}
         elif block_hash in group:
-            self._later.setdefault((group_id, block_hash), []).append(block)
+            self.later.setdefault((group_id, block_hash), []).append(block)
         else:
             group[block_hash] = block
 
-    def _remove(self, group_id: int, block_hash: bytes, block: KVCacheBlock) -> None:
-        """Drop one block cached under the key (it must be there)."""
-        group = self._groups[group_id]
-        later = self._later.get((group_id, block_hash)) if self._later else None
+    def remove_unchecked(self, group_id: int, block_hash: bytes, block: KVCacheBlock) -> None:
+        """Drop one block cached under the key. The owner's seam: the caller guarantees it is
+        there."""
+        group = self.groups[group_id]
+        later = self.later.get((group_id, block_hash)) if self.later else None
         if group[block_hash] is block:
             if later:
                 group[block_hash] = later.pop(0)
@@ -266,16 +338,17 @@ class BlockHashToBlockMap:
         else:
             later.remove(block)  # type: ignore[union-attr]
         if later is not None and not later:
-            del self._later[(group_id, block_hash)]
+            del self.later[(group_id, block_hash)]
 
 
 class _LazyBlocks(Sequence[KVCacheBlock]):
     """``pool.blocks``: block i's object, made on first access."""
 
-    __slots__ = ("_pool",)
+    __slots__ = ("_objects", "_pool")
 
-    def __init__(self, pool: BlockPool) -> None:
+    def __init__(self, pool: BlockPool, objects: list[KVCacheBlock | None]) -> None:
         self._pool = pool
+        self._objects = objects  # the pool's own list of block objects, None until made
 
     def __len__(self) -> int:
         return self._pool.num_gpu_blocks
@@ -286,93 +359,137 @@ class _LazyBlocks(Sequence[KVCacheBlock]):
     @overload
     def __getitem__(self, index: slice) -> list[KVCacheBlock]: ...
 
-    def __getitem__(self, index: int | slice | object) -> KVCacheBlock | list[KVCacheBlock]:
-        pool = self._pool
+    def __getitem__(self, index: SupportsIndex | slice) -> KVCacheBlock | list[KVCacheBlock]:
+        pool, objects = self._pool, self._objects
+        size = pool.num_gpu_blocks
         if isinstance(index, slice):
-            return [pool._block(i) for i in range(*index.indices(pool.num_gpu_blocks))]
-        if type(index) is not int or not -pool.num_gpu_blocks <= index < pool.num_gpu_blocks:
+            return [_made_block(pool, objects, i) for i in range(*index.indices(size))]
+        checked = index if type(index) is int else as_int(index)
+        if checked is None or not -size <= checked < size:
             raise BlockNotInPoolError(
-                f"block index {index!r} is not an int in range for {pool.num_gpu_blocks} blocks")
-        return pool._block(index % pool.num_gpu_blocks)
+                f"block index {index!r} is not an int in range for {size} blocks")
+        return _made_block(pool, objects, checked % size)
 
     def __iter__(self) -> Iterator[KVCacheBlock]:
-        return (self._pool._block(i) for i in range(self._pool.num_gpu_blocks))
+        pool, objects = self._pool, self._objects
+        return (_made_block(pool, objects, i) for i in range(pool.num_gpu_blocks))
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # forks and tests subclass it
-class BlockPool:
-    """The pool of KV-cache blocks: allocation, freeing, prefix-cache lookup and eviction."""
+class BlockPool(BlockOwner):
+    """The pool of KV-cache blocks: allocation, freeing, prefix-cache lookup and eviction.
+
+    It implements ``BlockOwner`` (what its blocks read of it) and ``PolicyPool`` (what its
+    eviction policy reads of it, impl/eviction.py)."""
 
     def __init__(
         self,
-        num_gpu_blocks: int | object,
-        enable_caching: bool | object,
-        hash_block_size: int | object,
-        enable_kv_cache_events: bool | object = False,
-        metrics_collector: KVCacheMetricsCollector | object | None = None,
+        num_gpu_blocks: SupportsIndex,
+        enable_caching: Flag,
+        hash_block_size: SupportsIndex,
+        enable_kv_cache_events: Flag = False,
+        metrics_collector: MetricsCollectorLike | None = None,
         *,
-        max_pending_kv_events: int | object | None = None,
-        eviction_policy: EvictionPolicy | object | None = None,
+        max_pending_kv_events: SupportsIndex | None = None,
+        eviction_policy: EvictionPolicy | None = None,
     ) -> None:
-        if type(num_gpu_blocks) is not int or num_gpu_blocks < 1:
+        num_blocks = as_int(num_gpu_blocks)
+        if num_blocks is None or not 1 <= num_blocks <= MAX_NUM_GPU_BLOCKS:
             raise InvalidBlockCountError(
-                f"num_gpu_blocks must be a positive int, got {num_gpu_blocks!r}"
-            )
-        if type(hash_block_size) is not int or hash_block_size < 1:
+                f"num_gpu_blocks must be an int in [1, 2**31], got {num_gpu_blocks!r}")
+        block_size = as_int(hash_block_size)
+        if block_size is None or block_size < 1:
             raise InvalidPoolConfigError(
                 f"hash_block_size must be a positive int, got {hash_block_size!r}")
-        self.num_gpu_blocks = num_gpu_blocks
-        self.enable_caching = _flag("enable_caching", enable_caching)
-        self.hash_block_size: int = hash_block_size
-        self.enable_kv_cache_events = _flag("enable_kv_cache_events", enable_kv_cache_events)
-        self.metrics_collector = _collector(metrics_collector)
+        caching = _flag("enable_caching", enable_caching)
+        events = _flag("enable_kv_cache_events", enable_kv_cache_events)
+        collector = _collector(metrics_collector)
+        event_bound = _event_bound(max_pending_kv_events)
+        if eviction_policy is not None and not isinstance(eviction_policy, EvictionPolicy):
+            raise InvalidPoolConfigError(
+                f"eviction_policy must be None or an EvictionPolicy, got {eviction_policy!r}")
+        try:
+            objects: list[KVCacheBlock | None] = [None] * num_blocks
+        except MemoryError:
+            raise InvalidBlockCountError(
+                f"num_gpu_blocks={num_gpu_blocks!r}: no memory for that many blocks") from None
+
+        self.num_gpu_blocks = num_blocks
+        self.enable_caching = caching
+        self.hash_block_size: int = block_size
+        self.enable_kv_cache_events = events
+        self.metrics_collector = collector
         # The bound on pending events (None: unbounded); module docstring, Bounded events.
-        self.max_pending_kv_events: int | None = _event_bound(max_pending_kv_events)
+        self.max_pending_kv_events: int | None = event_bound
         self.num_kv_event_collapses = 0
         self._stored_block_sizes: dict[int, int] = {}  # group -> block size of its events
-        self._objects: list[KVCacheBlock | None] = [None] * num_gpu_blocks
-        self.null_block = KVCacheBlock._owned_by(self, 0)
+        self._objects = objects
+        self.null_block = _new_block(self, 0)
         self.null_block.is_null = True
         self._objects[0] = self.null_block
-        self.blocks: Sequence[KVCacheBlock] = _LazyBlocks(self)
-        self.free_block_queue = FreeKVCacheBlockQueue._fresh(1, num_gpu_blocks, self._materialize)
+        self.blocks: Sequence[KVCacheBlock] = _LazyBlocks(self, objects)
+        self.free_block_queue = FreeKVCacheBlockQueue.for_pool(1, num_blocks, self._materialize)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
-        self._groups = self.cached_block_hash_to_block._groups
+        self._groups = self.cached_block_hash_to_block.groups
         self._in_use: set[KVCacheBlock] = set()
-        self._shared: set[KVCacheBlock] = set()  # ref >= 2; block._extra_refs = ref - 1
+        self._shared: set[KVCacheBlock] = set()  # ref >= 2; block.extra_refs = ref - 1
         self._key_of: dict[KVCacheBlock, bytes] = {}  # keyed block -> its block hash
         self._group_of: dict[KVCacheBlock, int] = {}  # keyed block -> its group, if not 0
         self.kv_event_queue: list[KVCacheEvent] = []
         # The eviction policy (impl/eviction.py); None is vLLM 0.13's LRU, with no hook
         # called. The clock is the policies' time (advance_clock).
-        if eviction_policy is not None and not isinstance(eviction_policy, EvictionPolicy):
-            raise InvalidPoolConfigError(
-                f"eviction_policy must be None or an EvictionPolicy, got {eviction_policy!r}")
         self._policy: EvictionPolicy | None = eviction_policy
         self._now = 0
         if eviction_policy is not None:
             eviction_policy.attach(self)
 
-    # -- block objects -------------------------------------------------------------------
+    # -- block objects (BlockOwner, PolicyPool) -------------------------------------------
 
     def _block(self, block_id: int) -> KVCacheBlock:
-        block = self._objects[block_id]
-        if block is None:
-            block = self._objects[block_id] = KVCacheBlock._owned_by(self, block_id)
-        return block
+        return _made_block(self, self._objects, block_id)
 
     def _materialize(self, first: int, end: int) -> list[KVCacheBlock]:
         chunk = self._objects[first:end]
         if chunk.count(None) == len(chunk):
-            made = [KVCacheBlock._owned_by(self, i) for i in range(first, end)]
+            made = [_new_block(self, i) for i in range(first, end)]
             self._objects[first:end] = made
             return made
         return [self._block(i) for i in range(first, end)]
 
     def _ref_count(self, block: KVCacheBlock) -> int:
         if block in self._in_use:
-            return block._extra_refs + 1
+            return block.extra_refs + 1
         return 0
+
+    def _own(self, block: BlockLike) -> KVCacheBlock:
+        """``block`` if it is one of this pool's blocks (``BlockNotInPoolError`` otherwise)."""
+        if not isinstance(block, KVCacheBlock) or block.owner is not self:
+            raise BlockNotInPoolError(f"{block!r} is not a block of this pool")
+        return block
+
+    def ref_count(self, block: BlockLike) -> int:
+        """The ref count of one of this pool's blocks (what its ``ref_cnt`` reads)."""
+        return self._ref_count(self._own(block))
+
+    def block_hash_of(self, block: BlockLike) -> BlockHashWithGroupId | None:
+        """The key one of this pool's blocks is cached under (what its ``block_hash``
+        reads): its block hash and 4-byte group id, None if it has none."""
+        owned = self._own(block)
+        block_hash = self._key_of.get(owned)
+        if block_hash is None:
+            return None
+        group_id = self._group_of.get(owned, 0)
+        return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
+
+    @property
+    def cached_blocks(self) -> Collection[KVCacheBlock]:
+        """The blocks that have a key, as a live read-only view (membership at C speed)."""
+        return self._key_of.keys()
+
+    @property
+    def blocks_in_use(self) -> AbstractSet[KVCacheBlock]:
+        """The blocks of ref count >= 1, as a live read-only view (never the null block)."""
+        return self._in_use
 
     def _check_owned(self, blocks: list[Any]) -> None:
         """Refuse anything in ``blocks`` that is not a block of this pool."""
@@ -381,13 +498,13 @@ class BlockPool:
                 return
         except AttributeError:
             pass
-        stranger = next(b for b in blocks if not isinstance(b, KVCacheBlock) or b._pool is not self)
+        stranger = next(b for b in blocks if not isinstance(b, KVCacheBlock) or b.owner is not self)
         raise BlockNotInPoolError(f"{stranger!r} is not a block of this pool")
 
     # -- prefix-cache lookup -------------------------------------------------------------
 
     def get_cached_block(
-        self, block_hash: BlockHash | object, kv_cache_group_ids: Sequence[int] | object
+        self, block_hash: HashBytes, kv_cache_group_ids: Iterable[SupportsIndex]
     ) -> list[KVCacheBlock] | None:
         """The first block cached under block_hash in each group, or None if any group misses."""
         if type(block_hash) is not bytes:
@@ -403,31 +520,32 @@ class BlockPool:
             group = groups.get(group_id) if type(group_id) is int else None
             block = None if group is None else group.get(block_hash)
             if block is None:
-                for checked in group_ids:  # all of them, also those after the miss
-                    _check_group_id(checked)
+                # All of them, also those after the miss; numpy ids are looked up again.
+                checked = [_check_group_id(g) for g in group_ids]
+                if any(type(g) is not int for g in group_ids):
+                    return self.get_cached_block(block_hash, checked)
                 return None
             found.append(block)
         return found
 
     def get_cached_prefix(
         self,
-        block_hashes: Sequence[BlockHash] | BlockHashListWithBlockSize | object,
-        kv_cache_group_id: int | object,
-        max_blocks: int | object,
+        block_hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
+        kv_cache_group_id: SupportsIndex,
+        max_blocks: SupportsIndex,
     ) -> list[KVCacheBlock]:
         """The leading run of ``block_hashes[:max_blocks]`` cached in one group, first block
         under each key: ``get_cached_block`` until the first miss, in one call (kvspec's
         bulk lookup; vLLM 0.13 has none)."""
-        if type(max_blocks) is not int or max_blocks < 0:
-            raise InvalidBlockCountError(f"max_blocks must be an int >= 0, got {max_blocks!r}")
+        limit = _check_count("max_blocks", max_blocks)
         group = self._groups.get(_check_group_id(kv_cache_group_id))
         if group is None:
             group = {}
         if type(block_hashes) is list:
-            wanted = block_hashes[:max_blocks]
+            wanted = block_hashes[:limit]
         else:
             try:
-                wanted = list(islice(block_hashes, max_blocks))  # type: ignore[arg-type]
+                wanted = list(islice(block_hashes, limit))
             except TypeError:
                 raise InvalidBlockHashError(
                     f"block_hashes must be a sequence of bytes, got {block_hashes!r}") from None
@@ -446,21 +564,20 @@ class BlockPool:
 
     def cache_full_blocks(
         self,
-        request: RequestLike | object,
-        blocks: list[KVCacheBlock] | object,
-        num_cached_blocks: int | object,
-        num_full_blocks: int | object,
-        block_size: int | object,
-        kv_cache_group_id: int | object,
+        request: RequestToCache,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: SupportsIndex,
+        num_full_blocks: SupportsIndex,
+        block_size: SupportsIndex,
+        kv_cache_group_id: SupportsIndex,
     ) -> None:
         """Key blocks[num_cached_blocks:num_full_blocks] with the request's chain hashes.
 
         Everything is read and checked, and the event built, before the first key is set."""
-        for name, count in (("num_cached_blocks", num_cached_blocks),
-                            ("num_full_blocks", num_full_blocks)):
-            if type(count) is not int or count < 0:
-                raise InvalidBlockCountError(f"{name} must be an int >= 0, got {count!r}")
-        if type(block_size) is not int or block_size < 1 or block_size % self.hash_block_size:
+        first = _check_count("num_cached_blocks", num_cached_blocks)
+        end = _check_count("num_full_blocks", num_full_blocks)
+        size = block_size if type(block_size) is int else as_int(block_size)
+        if size is None or size < 1 or size % self.hash_block_size:
             raise InvalidBlockCountError(
                 f"block_size must be a positive multiple of the hash block size "
                 f"{self.hash_block_size}, got {block_size!r}")
@@ -469,23 +586,25 @@ class BlockPool:
         if type(request_hashes) is not list:
             raise InvalidRequestForCachingError(
                 f"{request!r} is not a request: it has no list of block hashes")
-        if type(blocks) is not list:
+        if type(blocks) is list:
+            block_list: list[KVCacheBlock] = blocks
+        elif isinstance(blocks, Sequence):
+            block_list = list(blocks)
+        else:
             raise InvalidBlockListError(f"blocks must be a list of KVCacheBlock, got {blocks!r}")
-        first: int = num_cached_blocks  # type: ignore[assignment]
-        end: int = num_full_blocks  # type: ignore[assignment]
         if first >= end:
             return
-        if end > len(blocks):
+        if end > len(block_list):
             raise InvalidBlockCountError(
-                f"cannot cache blocks [{first}, {end}) of a list of {len(blocks)} blocks")
-        new_blocks: list[Any] = blocks[first:end]
+                f"cannot cache blocks [{first}, {end}) of a list of {len(block_list)} blocks")
+        new_blocks: list[Any] = block_list[first:end]
         if not _is_subset(new_blocks, self._in_use):  # free, foreign or null blocks
             self._check_owned([b for b in new_blocks if b is not self.null_block])
         if not self.enable_caching:
             return
         hashes: Sequence[BlockHash] | BlockHashListWithBlockSize = request_hashes
-        if block_size != self.hash_block_size:
-            hashes = BlockHashListWithBlockSize(request_hashes, self.hash_block_size, block_size)
+        if size != self.hash_block_size:
+            hashes = BlockHashListWithBlockSize(request_hashes, self.hash_block_size, size)
         if end > len(hashes):
             raise InvalidBlockHashError(
                 f"cannot cache blocks [{first}, {end}) with {len(hashes)} block hashes")
@@ -513,7 +632,7 @@ class BlockPool:
             raise InvalidBlockHashError(f"block hash must be bytes, got {bad!r}")
         stored = None
         if self.enable_kv_cache_events:
-            stored = self._stored_event(request, hashes, new_hashes, first, end, block_size)
+            stored = self._stored_event(request, hashes, new_hashes, first, end, size)
         policy = self._policy
         hints = None if policy is None else policy.check_hints(request)
         # Nothing has changed yet; from here on nothing can fail.
@@ -533,16 +652,16 @@ class BlockPool:
         else:
             inserted = False
         if not inserted:
-            insert = self.cached_block_hash_to_block._insert
+            insert = self.cached_block_hash_to_block.insert_unchecked
             for block_hash, block in zip(new_hashes, new_blocks, strict=True):
                 insert(group_id, block_hash, block)
         if stored is not None:
             self.kv_event_queue.append(stored)
-            self._stored_block_sizes[group_id] = block_size
+            self._stored_block_sizes[group_id] = size
             if self.max_pending_kv_events is not None:
                 self._bound_kv_events()
         if hints:
-            policy.cached(hints, blocks[first:end], first, block_size)  # type: ignore[union-attr]
+            policy.cached(hints, block_list[first:end], first, size)  # type: ignore[union-attr]
 
     def _stored_event(
         self, request: object, hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
@@ -579,17 +698,18 @@ class BlockPool:
 
     # -- allocation ----------------------------------------------------------------------
 
-    def get_new_blocks(self, num_blocks: int | object) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
         """Take num_blocks from the head of the free queue, evicting their keys; ref 0 -> 1."""
-        if type(num_blocks) is not int or num_blocks < 0:
+        count = num_blocks if type(num_blocks) is int else as_int(num_blocks)
+        if count is None or count < 0:
             raise InvalidBlockCountError(
                 f"num_blocks must be a non-negative int, got {num_blocks!r}"
             )
-        if num_blocks > self.free_block_queue.num_free_blocks:
-            raise NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks from the pool")
+        if count > self.free_block_queue.num_free_blocks:
+            raise NotEnoughFreeBlocksError(f"Cannot get {count} free blocks from the pool")
         policy = self._policy
-        blocks = (self.free_block_queue._take(num_blocks) if policy is None
-                  else policy.take(num_blocks))
+        blocks = (self.free_block_queue.take_unchecked(count) if policy is None
+                  else policy.take(count))
         key_of = self._key_of
         if key_of and not key_of.keys().isdisjoint(blocks):
             self._evict_all(list(filter(key_of.__contains__, blocks)))
@@ -608,9 +728,9 @@ class BlockPool:
         if self._policy is not None:
             self._policy.uncached(keyed)
         cache_map, group_of = self.cached_block_hash_to_block, self._group_of
-        if group_of or cache_map._later:
+        if group_of or cache_map.later:
             for block_hash, block in zip(hashes, keyed, strict=True):
-                cache_map._remove(group_of.pop(block, 0), block_hash, block)
+                cache_map.remove_unchecked(group_of.pop(block, 0), block_hash, block)
         else:  # group 0 only, and every key's one block is the one evicted
             group = self._groups[0]
             for block_hash in hashes:
@@ -650,7 +770,7 @@ class BlockPool:
         self.num_kv_event_collapses += 1
 
     def touch(
-        self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock] | object
+        self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock]
     ) -> None:
         """A prefix-cache hit: free blocks leave the free queue, every ref count + 1.
 
@@ -673,7 +793,7 @@ class BlockPool:
             self._check_owned(flat)
             leaving = [b for b in flat if b not in in_use]
             if len(set(leaving)) == len(leaving):
-                self.free_block_queue._remove_free(leaving)
+                self.free_block_queue.remove_unchecked(leaving)
                 if len(leaving) < len(flat):
                     self._share([b for b in flat if b in in_use])
                 in_use.update(leaving)
@@ -687,20 +807,20 @@ class BlockPool:
         """One more reference to each listing of blocks already in use."""
         self._shared.update(blocks)
         for block in blocks:
-            block._extra_refs += 1
+            block.extra_refs += 1
 
     def _touch_one_by_one(self, flat: list[KVCacheBlock]) -> None:
         """touch() when a free block is listed twice: the first hit takes it out of the queue."""
         leaving = [b for b in dict.fromkeys(flat) if b not in self._in_use]
         self._check_owned(leaving)
-        self.free_block_queue._remove_free(leaving)
+        self.free_block_queue.remove_unchecked(leaving)
         self._in_use.update(leaving)
         rest = list(flat)
         for block in leaving:
             rest.remove(block)
         self._share(rest)
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock] | object) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Ref - 1 for each block; blocks reaching 0 go to the free queue's tail in order."""
         blocks: list[Any] = _listed(ordered_blocks, "blocks")
         in_use, shared = self._in_use, self._shared
@@ -728,8 +848,8 @@ class BlockPool:
             return
         if still_shared:
             for block in still_shared:
-                block._extra_refs -= 1
-                if not block._extra_refs:
+                block.extra_refs -= 1
+                if not block.extra_refs:
                     shared.discard(block)
         self._release(blocks)
 
@@ -737,7 +857,7 @@ class BlockPool:
         """Blocks that reached ref 0 (in that order) join the free queue where the policy
         puts them (LRU: the tail)."""
         if self._policy is None:
-            self.free_block_queue._extend(zeroed)
+            self.free_block_queue.extend_unchecked(zeroed)
         else:
             self._policy.freed(zeroed)
 
@@ -755,21 +875,15 @@ class BlockPool:
         for block, refs in remaining.items():
             if refs == 0:
                 self._in_use.discard(block)
-            block._extra_refs = max(refs - 1, 0)
+            block.extra_refs = max(refs - 1, 0)
             if refs <= 1:
                 self._shared.discard(block)
         self._release(zeroed)
 
-    def evict_blocks(self, block_ids: Iterable[int] | object) -> None:
+    def evict_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
         """Drop the keys of the given blocks, in the order the set iterates (as vLLM does);
         ref counts and the free queue stay. Every id is checked before any key goes."""
-        listed = _listed(block_ids, "block_ids")
-        for block_id in listed:
-            if type(block_id) is not int or not 0 <= block_id < self.num_gpu_blocks:
-                raise BlockNotInPoolError(
-                    f"block id {block_id!r} is outside the pool of {self.num_gpu_blocks} blocks"
-                )
-        ids: list[int] = list(dict.fromkeys(listed))
+        ids: list[int] = list(dict.fromkeys(_check_block_ids(block_ids, self.num_gpu_blocks)))
         keyed: list[KVCacheBlock] = []
         for block_id in ids:
             block = self._objects[block_id]
@@ -806,36 +920,40 @@ class BlockPool:
         return True
 
     def _check(self) -> None:
+        """``check_representation()``, by its former name."""
+        self.check_representation()
+
+    def check_representation(self) -> None:
         """The representation invariant, for tests and debugging (O(blocks)); raises an
         ``AssertionError`` naming the broken property. No ``assert``: it runs under -O.
 
-        Ref counts: ``_shared`` is within ``_in_use`` and a block's ``_extra_refs`` is
+        Ref counts: ``_shared`` is within ``_in_use`` and a block's ``extra_refs`` is
         positive exactly while it is shared. The free queue holds exactly the pool's blocks
         that are not in use, but the null block. Keys: ``_key_of`` and ``_group_of`` list
         exactly the blocks the map holds, each under its own key."""
         queue, in_use, shared = self.free_block_queue, self._in_use, self._shared
-        queue._check()
+        queue.check_representation()
         if not shared <= in_use:
             raise AssertionError(f"block pool: shared blocks not in use: "
                                  f"{sorted(b.block_id for b in shared - in_use)}")
         for block in self._objects:
             if block is None:
                 continue
-            if block._pool is not self:
+            if block.owner is not self:
                 raise AssertionError(f"block pool: block {block.block_id} belongs elsewhere")
-            if (block._extra_refs > 0) != (block in shared) or block._extra_refs < 0:
+            if (block.extra_refs > 0) != (block in shared) or block.extra_refs < 0:
                 raise AssertionError(f"block pool: block {block.block_id} has extra refs "
-                                     f"{block._extra_refs} but is "
+                                     f"{block.extra_refs} but is "
                                      f"{'' if block in shared else 'not '}shared")
         null = self.null_block
         if null in in_use or null in self._key_of:
             raise AssertionError("block pool: the null block is in use or keyed")
-        if any(block._pool is not self for block in in_use):
+        if any(block.owner is not self for block in in_use):
             raise AssertionError("block pool: a block in use belongs to another pool")
         free = queue.get_all_free_blocks()
         free_set = set(free)
         if null in free_set or not free_set.isdisjoint(in_use) or any(
-                block._pool is not self for block in free_set):
+                block.owner is not self for block in free_set):
             raise AssertionError("block pool: the free queue holds the null block, a block in "
                                  "use or another pool's block")
         if len(free) + len(in_use) != self.num_gpu_blocks - 1:
@@ -844,7 +962,7 @@ class BlockPool:
         if not self._group_of.keys() <= self._key_of.keys() or 0 in self._group_of.values():
             raise AssertionError("block pool: _group_of lists a block without a key, or group 0")
         cache_map = self.cached_block_hash_to_block
-        cache_map._check()
+        cache_map.check_representation()
         mapped: dict[KVCacheBlock, bytes] = {}
         for key, blocks in cache_map.items():
             for block in blocks:
@@ -875,11 +993,7 @@ class BlockPool:
     def _policy_blocks(self, block_ids: object, once: bool) -> list[KVCacheBlock]:
         """Block ids read whole and checked (ints in the pool; with ``once``, none listed
         twice: a pin is taken or dropped once) as blocks."""
-        listed = _listed(block_ids, "block_ids")
-        for block_id in listed:
-            if type(block_id) is not int or not 0 <= block_id < self.num_gpu_blocks:
-                raise BlockNotInPoolError(
-                    f"block id {block_id!r} is outside the pool of {self.num_gpu_blocks} blocks")
+        listed = _check_block_ids(block_ids, self.num_gpu_blocks)
         if once and len(set(listed)) != len(listed):
             raise PinRefusedError(f"a block is listed twice in {listed}")
         return [self._block(i) for i in listed]
@@ -891,13 +1005,13 @@ class BlockPool:
             raise PolicyNotSupportedError(f"the pool's eviction policy {name!r} has no {what}")
         return policy
 
-    def set_retention(self, block_ids: Iterable[int] | object, priority: int | object,
-                      duration: int | object | None = None) -> None:
+    def set_retention(self, block_ids: Iterable[SupportsIndex], priority: SupportsIndex,
+                      duration: SupportsIndex | None = None) -> None:
         """Give cached blocks a retention priority in [0, 100] (``priority`` policy), that
         reverts to the default ``duration`` after now (None: never); null block skipped."""
         policy = self._require(self._policy is not None and self._policy.has_priorities,
                                "retention priorities")
-        check_retention(0, None, priority, duration)
+        _, _, checked_priority, checked_duration = check_retention(0, None, priority, duration)
         blocks = self._policy_blocks(block_ids, once=False)
         null = self.null_block
         for block in blocks:
@@ -906,17 +1020,18 @@ class BlockPool:
                                           f"block has a retention priority")
         for block in blocks:
             if block is not null:
-                policy.set(block, priority, duration)  # type: ignore[arg-type]
+                policy.set(block, checked_priority, checked_duration)
 
-    def advance_clock(self, now: int | object) -> None:
+    def advance_clock(self, now: SupportsIndex) -> None:
         """Time moves to ``now`` (an int, never back): expired priorities revert."""
-        if type(now) is not int or now < self._now:
+        time = now if type(now) is int else as_int(now)
+        if time is None or time < self._now:
             raise ClockWentBackError(f"the clock is at {self._now}; it cannot go to {now!r}")
-        self._now = now
+        self._now = time
         if self._policy is not None:
-            self._policy.advance_clock(now)
+            self._policy.advance_clock(time)
 
-    def pin_blocks(self, block_ids: Iterable[int] | object) -> None:
+    def pin_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
         """Pin cached blocks (``pinned`` policy): a pinned block holds a reference of the
         pool's, so it is never free and never evicted. Refused over the policy's cap."""
         policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
@@ -935,7 +1050,7 @@ class BlockPool:
         self.touch(blocks)
         pinned.update(blocks)
 
-    def unpin_blocks(self, block_ids: Iterable[int] | object) -> None:
+    def unpin_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
         """Drop pins: each releases its reference (a block reaching 0 becomes free)."""
         policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
         blocks = self._policy_blocks(block_ids, once=True)

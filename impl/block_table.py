@@ -67,12 +67,22 @@ import numpy as np
 import torch
 
 from kvspec.impl import host_types, slot_mapping_triton
+from kvspec.impl.checks import as_int
+from kvspec.impl.errors import (
+    BlockIdError as BlockIdError,
+    BlockTableConfigError as BlockTableConfigError,
+    BlockTableError as BlockTableError,
+    GroupIndexError as GroupIndexError,
+    PositionError as PositionError,
+    RowCapacityError as RowCapacityError,
+    RowIndexError as RowIndexError,
+    TokenBatchError as TokenBatchError,
+)
 from kvspec.impl.utils import (
     TORCH_INTEGER_DTYPES,
     CpuGpuBuffer,
     CpuGpuBufferError,
     as_device,
-    as_int,
 )
 
 PAD_SLOT_ID = -1
@@ -96,39 +106,6 @@ _INT64_LIMIT = 2**63
 # virtual block (kernel block size x CP world size), built in Python once.
 _MAX_VIRTUAL_BLOCK = 2**24
 _EMPTY_IDS = np.zeros(0, dtype=np.int64)
-
-
-class BlockTableError(Exception):
-    """A call the block table refused; every table is unchanged."""
-
-
-class RowIndexError(BlockTableError, IndexError):
-    """A row index (or a token's request index) outside ``[0, max_num_reqs)``."""
-
-
-class GroupIndexError(BlockTableError, IndexError):
-    """A KV-cache group index outside ``[0, number of groups)``."""
-
-
-class RowCapacityError(BlockTableError, ValueError):
-    """A row would hold more blocks than ``max_num_blocks_per_req``."""
-
-
-class BlockIdError(BlockTableError, ValueError):
-    """A block id outside the pool, negative, or too large for an int32 kernel block id."""
-
-
-class PositionError(BlockTableError, ValueError):
-    """A token position that is negative or past the end of its row."""
-
-
-class TokenBatchError(BlockTableError, ValueError):
-    """Token arrays of different lengths, of a non-integer type, or longer than the buffer."""
-
-
-class BlockTableConfigError(BlockTableError, ValueError):
-    """Sizes no block table can have (e.g. a block size that is not a multiple of the
-    kernel block size)."""
 
 
 # --- argument checks (each raises the typed error naming the value) ------------------------
@@ -413,7 +390,14 @@ def _context_parallel(
     dcp_world_size: int | None, dcp_rank: int | None,
 ) -> tuple[int, int, int, int]:
     """The given context-parallel layout, the process's (``host_types``: one rank, or vLLM's
-    process groups inside vLLM) for whatever is not given."""
+    process groups inside vLLM) for whatever is not given. A rank of None with its world size
+    given is refused: the process's rank belongs to the process's world size, not this one."""
+    for kind, world_size, rank in (("pcp", pcp_world_size, pcp_rank),
+                                   ("dcp", dcp_world_size, dcp_rank)):
+        if world_size is not None and rank is None:
+            raise BlockTableConfigError(
+                f"{kind}_rank=None with {kind}_world_size={world_size!r}: give the rank with "
+                f"its world size (or neither, for the process's own)")
     pcp, pcp_r, dcp, dcp_r = host_types.context_parallel_layout()
     return (pcp if pcp_world_size is None else pcp_world_size,
             pcp_r if pcp_rank is None else pcp_rank,

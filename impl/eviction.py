@@ -18,23 +18,52 @@ never has to re-implement the pool. The spec of each is ``spec/eviction.py``.
   the pool.
 
 A policy object serves one pool. `make_policy(name)` builds one by name (None for ``lru``).
-A third party writes its own by subclassing `EvictionPolicy` and overriding its hooks;
-``kvspec audit --target module:Class --policy NAME`` checks it against the spec.
+
+Writing a policy
+----------------
+The policy API is public: a third party writes its own policy by subclassing
+`EvictionPolicy` and overriding its hooks (``take``, ``freed``, ...), reading the pool only
+through `PolicyPool` and moving free blocks only through `PolicyQueue`, the two protocols
+below; tests/example_policy.py is one, written against nothing else. ``kvspec audit --target
+module:Class --policy NAME`` checks it against the spec of the policy it claims
+(docs/policies.md).
+
+The contract, in one place:
+
+* The pool keeps every block's ref count, key and events; its free queue
+  (``pool.free_block_queue``) holds exactly the free blocks (ref count 0, never the null
+  block). A policy decides only the order: which free blocks ``take(n)`` hands out, and
+  where ``freed(blocks)`` puts blocks that just became free.
+* ``take(n)`` must take exactly ``n`` free blocks out of the queue (``take_unchecked`` or
+  ``remove_unchecked``) and return them; ``freed(blocks)`` must put every one of ``blocks``
+  into it (``extend_unchecked`` or ``prepend_unchecked``), each once.
+* Every hook runs after the pool checked its arguments; ``check_free``, ``check_evict`` and
+  ``check_hints`` may refuse (a ``BlockPoolError``), and run before anything changes.
+* ``check()`` is the policy's own representation invariant (the pool's
+  ``check_representation()`` calls it; raise ``AssertionError``).
+
+This module sits below impl/block_pool.py (it imports only the blocks and the free queue of
+impl/kv_cache_utils.py): the pool implements `PolicyPool`.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence, Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, SupportsIndex
 
-from kvspec.impl.errors import BlockPoolError
-
-if TYPE_CHECKING:
-    from kvspec.impl.block_pool import BlockPool
-    from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.checks import as_int
+from kvspec.impl.errors import (
+    BlockNotCachedError as BlockNotCachedError,
+    BlockNotPinnedError as BlockNotPinnedError,
+    ClockWentBackError as ClockWentBackError,
+    InvalidRetentionError as InvalidRetentionError,
+    PinRefusedError as PinRefusedError,
+    PolicyNotSupportedError as PolicyNotSupportedError,
+)
+from kvspec.impl.kv_cache_utils import KVCacheBlock
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 100
@@ -44,28 +73,81 @@ UNCACHED_PRIORITY = -1  # a free block without a key holds nothing worth keeping
 POLICY_NAMES = ("lru", "lru-lifo-unhashed", "priority", "pinned")
 
 
-class PolicyNotSupportedError(BlockPoolError, ValueError):
-    """A policy operation the pool's eviction policy does not have (pinning under lru)."""
+class PolicyQueue(Protocol):
+    """What an eviction policy may do to its pool's free queue (impl's
+    ``FreeKVCacheBlockQueue``): read it, and move blocks in and out of it unchecked. The policy
+    guarantees what each move says it takes (the pool does not check a policy's moves; its
+    ``check_representation()`` finds a broken promise)."""
+
+    @property
+    def num_free_blocks(self) -> int:
+        """How many blocks are free."""
+        ...
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """Every free block, head (reused first under LRU) first; O(free)."""
+        ...
+
+    def take_unchecked(self, n: int) -> list[KVCacheBlock]:
+        """The first ``n`` free blocks, out of the queue (0 <= n <= num_free_blocks)."""
+        ...
+
+    def remove_unchecked(self, blocks: list[KVCacheBlock]) -> None:
+        """Take these free blocks (each in the queue, listed once) out of it."""
+        ...
+
+    def extend_unchecked(self, blocks: list[KVCacheBlock]) -> None:
+        """Put blocks that are out of the queue (each listed once) at its tail, in order."""
+        ...
+
+    def prepend_unchecked(self, blocks: list[KVCacheBlock]) -> None:
+        """Put blocks that are out of the queue (each listed once) at its head, in order."""
+        ...
 
 
-class InvalidRetentionError(BlockPoolError, ValueError):
-    """A retention hint or priority that cannot be honoured."""
+class PolicyPool(Protocol):
+    """What an eviction policy may read of the pool it serves (impl's ``BlockPool``). Views
+    are live and read-only: the pool changes them, the policy never does."""
 
+    @property
+    def num_gpu_blocks(self) -> int:
+        """How many blocks the pool has, the null block (id 0) included."""
+        ...
 
-class BlockNotCachedError(BlockPoolError, LookupError):
-    """A retention priority or a pin asked for a block without a key."""
+    @property
+    def enable_caching(self) -> bool:
+        """Whether the pool keys blocks (prefix caching)."""
+        ...
 
+    @property
+    def null_block(self) -> KVCacheBlock:
+        """The null block: never free, never in use, never keyed."""
+        ...
 
-class ClockWentBackError(BlockPoolError, ValueError):
-    """advance_clock to a time before the pool's."""
+    @property
+    def blocks(self) -> Sequence[KVCacheBlock]:
+        """Block ``i`` of the pool is ``blocks[i]``."""
+        ...
 
+    @property
+    def free_block_queue(self) -> PolicyQueue:
+        """The free blocks, in the order the policy keeps them."""
+        ...
 
-class PinRefusedError(BlockPoolError, ValueError):
-    """A pin over the cap, a block pinned twice, or evicting or freeing what a pin holds."""
+    @property
+    def cached_blocks(self) -> Collection[KVCacheBlock]:
+        """The blocks that have a key (a prefix-cache entry)."""
+        ...
 
+    @property
+    def blocks_in_use(self) -> AbstractSet[KVCacheBlock]:
+        """The blocks of ref count >= 1 (each block's count is its ``ref_cnt``)."""
+        ...
 
-class BlockNotPinnedError(BlockPoolError, LookupError):
-    """unpin of a block that is not pinned."""
+    @property
+    def clock(self) -> int:
+        """The policies' time: what the last ``advance_clock`` set (0 at first)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -80,31 +162,45 @@ class TokenRangeRetention:
     duration: int | None = None
 
 
-def check_retention(start: object, end: object, priority: object, duration: object) -> None:
-    """Refuse a hint that cannot be honoured, naming the value."""
-    if type(priority) is not int or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+def check_retention(
+    start: SupportsIndex, end: SupportsIndex | None, priority: SupportsIndex,
+    duration: SupportsIndex | None,
+) -> tuple[int, int | None, int, int | None]:
+    """A hint's (start, end, priority, duration) as plain ints (impl's integer rule: an int or
+    a numpy integer, never a bool), or a refusal of one that cannot be honoured, naming it."""
+    checked_priority = as_int(priority)
+    if checked_priority is None or not MIN_PRIORITY <= checked_priority <= MAX_PRIORITY:
         raise InvalidRetentionError(f"retention priority must be an int in [{MIN_PRIORITY}, "
                                     f"{MAX_PRIORITY}], got {priority!r}")
-    if duration is not None and (type(duration) is not int or duration < 1):
+    checked_duration = None if duration is None else as_int(duration)
+    if duration is not None and (checked_duration is None or checked_duration < 1):
         raise InvalidRetentionError(
             f"retention duration must be None or an int >= 1, got {duration!r}")
-    if type(start) is not int or start < 0 or (
-            end is not None and (type(end) is not int or end < start)):
+    checked_start = as_int(start)
+    checked_end = None if end is None else as_int(end)
+    if checked_start is None or checked_start < 0 or (end is not None and (
+            checked_end is None or checked_end < checked_start)):
         raise InvalidRetentionError(
             f"retention token range [{start!r}, {end!r}) is not a range of token positions")
+    return checked_start, checked_end, checked_priority, checked_duration
 
 
 class EvictionPolicy:
-    """The hooks a BlockPool calls; the base class is LRU (vLLM 0.13). Every hook is called
-    only after the pool has checked its arguments, but `check_free`, `check_evict` and
-    `check_hints`, which may refuse, before anything changes."""
+    """The hooks a BlockPool calls; the base class is LRU (vLLM 0.13), and the public API a
+    third-party policy subclasses (the module docstring states the contract).
+
+    Every hook is called only after the pool has checked its arguments, but `check_free`,
+    `check_evict` and `check_hints`, which may refuse, before anything changes. A policy
+    reads its pool (``self.pool``, set by `attach`) through `PolicyPool` only and moves free
+    blocks through `PolicyQueue` only. ``name`` names it in messages; ``has_priorities`` and
+    ``has_pins`` turn on the pool's ``set_retention`` and ``pin_blocks``."""
 
     name = "lru"
     has_priorities = False
     has_pins = False
 
     def __init__(self) -> None:
-        self.pool: BlockPool | None = None
+        self.pool: PolicyPool | None = None
         self.pinned: set[KVCacheBlock] = set()  # kept by a policy with pins
 
     @property
@@ -116,14 +212,14 @@ class EvictionPolicy:
         """A cached block's retention priority, checked by the pool (a policy with
         priorities keeps it)."""
 
-    def attach(self, pool: BlockPool) -> None:
+    def attach(self, pool: PolicyPool) -> None:
         """Called once, by the pool's constructor, when every block is free."""
         if self.pool is not None:
             raise PolicyNotSupportedError(
                 f"this {self.name} policy object already serves a pool: give each its own")
         self.pool = pool
 
-    def _pool(self) -> BlockPool:
+    def _pool(self) -> PolicyPool:
         pool = self.pool
         if pool is None:
             raise PolicyNotSupportedError(f"the {self.name} policy serves no pool yet")
@@ -131,11 +227,11 @@ class EvictionPolicy:
 
     def take(self, n: int) -> list[KVCacheBlock]:
         """Take the n blocks to reuse out of the free queue (n <= free blocks)."""
-        return self._pool().free_block_queue._take(n)
+        return self._pool().free_block_queue.take_unchecked(n)
 
     def freed(self, blocks: list[KVCacheBlock]) -> None:
         """Blocks that reached ref 0, in that order, join the free queue."""
-        self._pool().free_block_queue._extend(blocks)
+        self._pool().free_block_queue.extend_unchecked(blocks)
 
     def check_free(self, blocks: list[KVCacheBlock]) -> None:
         """Refuse a free_blocks call before anything changes (pins: their own reference)."""
@@ -159,7 +255,8 @@ class EvictionPolicy:
         """reset_prefix_cache forgot every key."""
 
     def check(self) -> None:
-        """The policy's representation invariant (``BlockPool._check()`` calls it)."""
+        """The policy's representation invariant (``BlockPool.check_representation()`` calls
+        it); raises ``AssertionError`` naming what is broken."""
 
     def retention(self) -> tuple[tuple[int, int, int | None], ...]:
         """The retention entries that are not the default, (block id, priority, expires at),
@@ -171,7 +268,7 @@ class EvictionPolicy:
         return ()
 
     def advance_clock(self, now: int) -> None:
-        """The pool's clock moved to ``now`` (``pool._now``, already set)."""
+        """The pool's clock moved to ``now`` (``pool.clock``, already set)."""
 
 
 class LruLifoUnhashed(EvictionPolicy):
@@ -183,16 +280,16 @@ class LruLifoUnhashed(EvictionPolicy):
         pool = self._pool()
         queue = pool.free_block_queue
         if not pool.enable_caching:
-            queue._prepend(blocks)
+            queue.prepend_unchecked(blocks)
             return
-        key_of = pool._key_of
-        unkeyed = [b for b in blocks if b not in key_of]
+        cached = pool.cached_blocks
+        unkeyed = [b for b in blocks if b not in cached]
         if unkeyed:
-            queue._prepend(unkeyed)
+            queue.prepend_unchecked(unkeyed)
             if len(unkeyed) < len(blocks):
-                queue._extend([b for b in blocks if b in key_of])
+                queue.extend_unchecked([b for b in blocks if b in cached])
         else:
-            queue._extend(blocks)
+            queue.extend_unchecked(blocks)
 
 
 class PriorityPolicy(EvictionPolicy):
@@ -219,7 +316,7 @@ class PriorityPolicy(EvictionPolicy):
 
     def _worth(self, block: KVCacheBlock) -> int:
         pool = self._pool()
-        if block not in pool._key_of:
+        if block not in pool.cached_blocks:
             return UNCACHED_PRIORITY
         found = self._priority.get(block)
         return DEFAULT_PRIORITY if found is None else found[0]
@@ -232,10 +329,10 @@ class PriorityPolicy(EvictionPolicy):
     def _rekey(self, block: KVCacheBlock) -> None:
         """A free block's worth changed: a new entry at its old stamp (its LRU place)."""
         entry = self._entry.get(block)
-        if entry is not None and block not in self._pool()._in_use:
+        if entry is not None and block not in self._pool().blocks_in_use:
             self._push(block, entry[1])
 
-    def attach(self, pool: BlockPool) -> None:
+    def attach(self, pool: PolicyPool) -> None:
         """Every block is free, in id order: stamp them (this makes the pool's block
         objects, which an lru pool makes lazily)."""
         super().attach(pool)
@@ -248,27 +345,28 @@ class PriorityPolicy(EvictionPolicy):
         if n == 0:
             return []
         queue = pool.free_block_queue
-        heap, entry, in_use = self._heap, self._entry, pool._in_use
+        heap, entry, in_use, blocks = self._heap, self._entry, pool.blocks_in_use, pool.blocks
         chosen: list[KVCacheBlock] = []
         while len(chosen) < n:
             worth, stamp, block_id = heapq.heappop(heap)
-            block = pool._block(block_id)
+            block = blocks[block_id]
             if entry.get(block) == (worth, stamp) and block not in in_use:
                 del entry[block]
                 chosen.append(block)
-        queue._remove_free(chosen)
+        queue.remove_unchecked(chosen)
         return chosen
 
     def freed(self, blocks: list[KVCacheBlock]) -> None:
         pool = self._pool()
         queue = pool.free_block_queue
-        queue._extend(blocks)
+        queue.extend_unchecked(blocks)
         for block in blocks:
             self._stamp += 1
             self._push(block, self._stamp)
         if len(self._heap) > 2 * queue.num_free_blocks + 64:
+            in_use = pool.blocks_in_use
             self._heap = [(w, s, b.block_id) for b, (w, s) in self._entry.items()
-                          if b not in pool._in_use]
+                          if b not in in_use]
             heapq.heapify(self._heap)
 
     def check_hints(self, request: object) -> list[TokenRangeRetention] | None:
@@ -281,8 +379,9 @@ class PriorityPolicy(EvictionPolicy):
             raise InvalidRetentionError(
                 f"kv_retention must be a list of TokenRangeRetention, got {hints!r}") from None
         for hint in listed:
-            check_retention(getattr(hint, "start", None), getattr(hint, "end", None),
-                            getattr(hint, "priority", None), getattr(hint, "duration", None))
+            read: list[Any] = [getattr(hint, field, None)
+                               for field in ("start", "end", "priority", "duration")]
+            check_retention(*read)
         return listed
 
     def cached(self, hints: list[TokenRangeRetention], blocks: Sequence[KVCacheBlock],
@@ -306,7 +405,7 @@ class PriorityPolicy(EvictionPolicy):
         if priority == DEFAULT_PRIORITY and duration is None:
             self._priority.pop(block, None)
         else:
-            expires = None if duration is None else self._pool()._now + duration
+            expires = None if duration is None else self._pool().clock + duration
             self._priority[block] = (priority, expires)
             if expires is not None:
                 heapq.heappush(self._expiries, (expires, block.block_id, priority))
@@ -317,7 +416,7 @@ class PriorityPolicy(EvictionPolicy):
         expiries, priorities = self._expiries, self._priority
         while expiries and expiries[0][0] <= now:
             expires, block_id, priority = heapq.heappop(expiries)
-            block = pool._block(block_id)
+            block = pool.blocks[block_id]
             if priorities.get(block) == (priority, expires):  # not since replaced or dropped
                 del priorities[block]
                 self._rekey(block)
@@ -341,14 +440,14 @@ class PriorityPolicy(EvictionPolicy):
     def check(self) -> None:
         pool = self._pool()
         for block, (_, expires) in self._priority.items():
-            if block not in pool._key_of:
+            if block not in pool.cached_blocks:
                 raise AssertionError(f"priority policy: block {block.block_id} has a "
                                      f"priority but no key")
-            if expires is not None and expires <= pool._now:
+            if expires is not None and expires <= pool.clock:
                 raise AssertionError(f"priority policy: block {block.block_id} keeps a "
-                                     f"priority that expired at {expires} (now {pool._now})")
+                                     f"priority that expired at {expires} (now {pool.clock})")
         for block in self._entry:
-            if block in pool._in_use:
+            if block in pool.blocks_in_use:
                 continue
             worth, _ = self._entry[block]
             if worth != self._worth(block):
@@ -380,10 +479,9 @@ class PinnedPolicy(EvictionPolicy):
         pinned = self.pinned
         if not pinned or pinned.isdisjoint(blocks):
             return
-        pool = self._pool()
         listings = Counter(b for b in blocks if b in pinned)  # one pass, not one per block
         for block, count in listings.items():
-            if pool._ref_count(block) - count < 1:
+            if block.ref_cnt - count < 1:
                 raise PinRefusedError(
                     f"block {block.block_id} is held only by its pin: unpin it instead")
 
@@ -396,7 +494,7 @@ class PinnedPolicy(EvictionPolicy):
     def check(self) -> None:
         pool = self._pool()
         for block in self.pinned:
-            if block not in pool._key_of or block not in pool._in_use:
+            if block not in pool.cached_blocks or block not in pool.blocks_in_use:
                 raise AssertionError(f"pinned policy: pinned block {block.block_id} is "
                                      f"not cached and in use")
 

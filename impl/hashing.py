@@ -38,11 +38,27 @@ import os
 import pickle
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NewType, cast, overload
+from typing import Any, NewType, Protocol, SupportsIndex, cast, overload
 
-if TYPE_CHECKING:
-    from kvspec.impl.request import RequestLike
-
+from kvspec.impl.checks import all_ints, as_int, first_non_int, shown
+from kvspec.impl.errors import (
+    BlockHashFormatError as InvalidBlockHashError,
+    HashFunctionUnavailableError,
+    HashingError,
+    InvalidBlockIndexError,
+    InvalidBlockRangeError,
+    InvalidBlockSizeError,
+    InvalidExtraKeyFormatError,
+    InvalidExtraKeysError,
+    InvalidGroupIdError,
+    InvalidHashFunctionError,
+    InvalidMultiModalIndexError,
+    InvalidRequestError,
+    InvalidTensorError,
+    InvalidTokenIdsError,
+    UnhashableValueError,
+    UnknownHashFunctionError,
+)
 
 
 def _optional_module(name: str) -> Any:
@@ -84,8 +100,13 @@ __all__ = [
     "InvalidRequestError",
     "InvalidTensorError",
     "InvalidTokenIdsError",
+    "RequestLike",
     "UnhashableValueError",
     "UnknownHashFunctionError",
+    "check_cache_salt",
+    "check_lora",
+    "check_mm_features",
+    "check_prompt_embeds",
     "generate_block_hash_extra_keys",
     "get_block_hash",
     "get_group_id",
@@ -110,87 +131,56 @@ ExternalBlockHash = bytes | int
 
 HashFunction = Callable[[Any], bytes]
 
+
+class RequestLike(Protocol):
+    """What impl reads of a request: ``kvspec.impl.request.Request`` or vLLM's own
+    (``vllm.v1.request.Request``), which has the same fields; impl never checks the class."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+    @property
+    def num_preemptions(self) -> int: ...
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool: ...
+
+    @property
+    def all_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def block_hashes(self) -> list[BlockHash]: ...
+
+    @property
+    def lora_request(self) -> Any: ...
+
+    @property
+    def mm_features(self) -> Any: ...
+
+    @property
+    def cache_salt(self) -> str | None: ...
+
+    @property
+    def prompt_embeds(self) -> Any: ...
+
+
 GROUP_ID_BYTES = 4
 _MAX_GROUP_ID = 2**32
+# The largest block size the hashing functions take: vLLM's worker holds block sizes and slot
+# arithmetic in 32-bit ints (the attention kernels take ``block_size`` as an ``int``; the
+# block table is int32), so no KV-cache block is longer. vLLM's hashing itself sets no bound.
+MAX_BLOCK_SIZE = 2**31 - 1
 _LOW_64_BITS = 2**64 - 1
 _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 # --------------------------------------------------------------------------- errors
-
-
-class HashingError(ValueError):
-    """Base class of the errors this module raises for bad input."""
-
-
-class InvalidGroupIdError(HashingError):
-    """A KV-cache group id outside [0, 2**32) or not an int."""
-
-
-class InvalidBlockHashError(HashingError):
-    """A block hash that is not bytes, or a group-id key too short to hold a group id."""
-
-
-class UnknownHashFunctionError(HashingError):
-    """A hash-function name that is none of sha256, sha256_cbor, xxhash, xxhash_cbor."""
-
-
-class HashFunctionUnavailableError(HashingError):
-    """A known hash function whose optional dependency (cbor2, xxhash) is not installed."""
-
-
-class InvalidHashFunctionError(HashingError):
-    """A hash function that is not callable, or that returned something other than a hash
-    (bytes, or an int: vLLM 0.13's own tests hash with Python's builtin ``hash``)."""
-
-
-class UnhashableValueError(HashingError):
-    """A value a hash function cannot encode (pickle or CBOR refuses it)."""
-
-
-class InvalidBlockSizeError(HashingError):
-    """A block size that is not positive, or a target size not a multiple of the hash size."""
-
-
-class InvalidBlockRangeError(HashingError):
-    """A block's token range that is not ``[start, end)`` with ``0 <= start < end``."""
-
-
-class InvalidBlockIndexError(HashingError, TypeError):
-    """An index into a coarse hash view that is neither an int nor a slice (a ``TypeError``
-    too, as vLLM raises)."""
-
-
-class InvalidMultiModalIndexError(HashingError):
-    """A multimodal feature index outside the request's features."""
-
-
-class InvalidTokenIdsError(HashingError):
-    """Token ids that are not a sequence of ints."""
-
-
-class InvalidExtraKeysError(HashingError):
-    """Extra keys that are neither ``None`` nor a tuple of str, bytes, int or such tuples."""
-
-
-class InvalidExtraKeyFormatError(HashingError):
-    """An extra-key format that is not an ``ExtraKeyFormat`` or one of its values."""
-
-
-class InvalidTensorError(HashingError):
-    """``tensor_data`` of something that is not a CPU torch tensor."""
-
-
-class InvalidRequestError(ValueError):
-    """A request (``request.Request`` or a duck-typed one, such as vLLM's) with malformed
-    fields: ids, token ids, block hashes, LoRA, salt, multimodal features, prompt embeddings
-    or block hasher. ``request.py`` re-exports it; it refuses the same values at its door."""
-
-
-def _short(value: object, limit: int = 120) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for messages about large arguments."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 5]} ...{text[-1]}"
 
 
 # --------------------------------------------------------------------------- group-id keys
@@ -199,17 +189,20 @@ def _short(value: object, limit: int = 120) -> str:
 _GROUP_ID_SUFFIXES = tuple(gid.to_bytes(GROUP_ID_BYTES, "big") for gid in range(256))
 
 
-def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashWithGroupId:
+def make_block_hash_with_group_id(
+    block_hash: BlockHash, group_id: SupportsIndex
+) -> BlockHashWithGroupId:
     """The prefix-cache key: ``block_hash`` followed by ``group_id`` as 4 big-endian bytes."""
     if type(block_hash) is not bytes and not isinstance(block_hash, bytes):
         raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
-    if type(group_id) is int and 0 <= group_id < 256:
+    if type(group_id) is int and 0 <= group_id < 256:  # the hot path: one check
         return BlockHashWithGroupId(block_hash + _GROUP_ID_SUFFIXES[group_id])
-    if not isinstance(group_id, int) or isinstance(group_id, bool):
+    gid = as_int(group_id)
+    if gid is None:
         raise InvalidGroupIdError(f"group id must be an int, got {group_id!r}")
-    if not 0 <= group_id < _MAX_GROUP_ID:
-        raise InvalidGroupIdError(f"group id {group_id} is outside [0, 2**32)")
-    return BlockHashWithGroupId(block_hash + group_id.to_bytes(GROUP_ID_BYTES, "big"))
+    if not 0 <= gid < _MAX_GROUP_ID:
+        raise InvalidGroupIdError(f"group id {gid} is outside [0, 2**32)")
+    return BlockHashWithGroupId(block_hash + gid.to_bytes(GROUP_ID_BYTES, "big"))
 
 
 def _check_key(key: bytes) -> None:
@@ -261,7 +254,7 @@ def _pickled(value: Any) -> bytes:
     try:
         return pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as error:
-        raise UnhashableValueError(f"cannot pickle {_short(value)} to hash it: {error}") from None
+        raise UnhashableValueError(f"cannot pickle {shown(value)} to hash it: {error}") from None
 
 
 def _cbor(value: Any) -> bytes:
@@ -269,7 +262,7 @@ def _cbor(value: Any) -> bytes:
         encoded: bytes = _cbor2.dumps(value, canonical=True)
     except (_cbor2.CBOREncodeError, TypeError, RecursionError) as error:
         raise UnhashableValueError(
-            f"cannot encode {_short(value)} as CBOR to hash it: {error}") from None
+            f"cannot encode {shown(value)} as CBOR to hash it: {error}") from None
     return encoded
 
 
@@ -341,7 +334,7 @@ def _digest(hash_function: HashFunction, payload: Any) -> bytes:
     digest = hash_function(payload)
     if not _is_hash(digest):
         raise InvalidHashFunctionError(
-            f"hash function {hash_function!r} returned {_short(digest)}, not bytes")
+            f"hash function {hash_function!r} returned {shown(digest)}, not bytes")
     return digest
 
 
@@ -365,21 +358,6 @@ def init_none_hash(hash_fn: HashFunction) -> None:
 init_none_hash(sha256)
 
 
-def _all_ints(values: Sequence[Any]) -> bool:
-    """Whether every element of a list or tuple is an int, at C speed: ``sum`` raises on
-    non-numbers, and its result is an ``int`` only if every element is one (a float or a numpy
-    scalar anywhere makes it a float or a numpy scalar). bool, an int to Python, passes: it
-    pickles and encodes distinctly from 0 and 1 (docs/hostile-input.md)."""
-    try:
-        return type(sum(values)) is int
-    except TypeError:
-        return False
-
-
-def _first_non_int(values: Sequence[Any]) -> object:
-    return next((v for v in values if not isinstance(v, int)), values)
-
-
 # Sequences whose elements are characters or bytes, never token ids.
 _BYTES_OR_TEXT = (str, bytes, bytearray, memoryview)
 
@@ -393,10 +371,10 @@ def _token_tuple(tokens: object) -> tuple[int, ...]:
     ):
         block = tuple(tokens)
     else:
-        raise InvalidTokenIdsError(f"token ids must be a sequence of ints, got {_short(tokens)}")
-    if not _all_ints(block):
+        raise InvalidTokenIdsError(f"token ids must be a sequence of ints, got {shown(tokens)}")
+    if not all_ints(block):
         raise InvalidTokenIdsError(
-            f"token ids must be ints, got {_first_non_int(block)!r} in {_short(tokens)}")
+            f"token ids must be ints, got {first_non_int(block)!r} in {shown(tokens)}")
     return block
 
 
@@ -413,11 +391,11 @@ def _check_extra_keys(extra_keys: object) -> None:
     if extra_keys is None:
         return
     if type(extra_keys) is not tuple:
-        raise InvalidExtraKeysError(f"extra keys must be None or a tuple, got {_short(extra_keys)}")
+        raise InvalidExtraKeysError(f"extra keys must be None or a tuple, got {shown(extra_keys)}")
     for key in extra_keys:
         if not _valid_key(key):
             raise InvalidExtraKeysError(
-                f"extra key {_short(key)} is not a str, bytes, int or a tuple of them")
+                f"extra key {shown(key)} is not a str, bytes, int or a tuple of them")
 
 
 def _hash_block(
@@ -442,7 +420,7 @@ def hash_block_tokens(
     if parent_block_hash is not None and not _is_hash(parent_block_hash):
         raise InvalidBlockHashError(
             f"parent block hash must be a block hash (bytes) or None, got "
-            f"{_short(parent_block_hash)}")
+            f"{shown(parent_block_hash)}")
     tokens = _token_tuple(curr_block_token_ids)
     _check_extra_keys(extra_keys)
     return _hash_block(hash_function, parent_block_hash or NONE_HASH, tokens, extra_keys)
@@ -520,26 +498,26 @@ _KeySources = tuple[Any, tuple[tuple[str, int, int], ...], str | None, Any]
 
 def _not_a_request(request: object, error: AttributeError) -> InvalidRequestError:
     return InvalidRequestError(
-        f"{_short(request)} is not a request: it has no {error.name or 'needed'} attribute")
+        f"{shown(request)} is not a request: it has no {error.name or 'needed'} attribute")
 
 
-def _check_lora(lora_request: object) -> tuple[str, str]:
+def check_lora(lora_request: object) -> tuple[str, str]:
     """The LoRA adapter's (name, path): both must be str (vLLM's LoRARequest has both)."""
     name = getattr(lora_request, "lora_name", None)
     path = getattr(lora_request, "lora_path", None)
     if type(name) is not str or type(path) is not str:
         raise InvalidRequestError(
-            f"lora_request must have a str lora_name and lora_path, got {_short(lora_request)}")
+            f"lora_request must have a str lora_name and lora_path, got {shown(lora_request)}")
     return name, path
 
 
-def _check_cache_salt(cache_salt: object) -> str | None:
+def check_cache_salt(cache_salt: object) -> str | None:
     if cache_salt is not None and type(cache_salt) is not str:
-        raise InvalidRequestError(f"cache_salt must be a str or None, got {_short(cache_salt)}")
+        raise InvalidRequestError(f"cache_salt must be a str or None, got {shown(cache_salt)}")
     return cache_salt
 
 
-def _check_mm_features(mm_features: object) -> tuple[tuple[str, int, int], ...]:
+def check_mm_features(mm_features: object) -> tuple[tuple[str, int, int], ...]:
     """Each feature's (identifier, offset, length): a str and two ints >= 0, the features in
     token order without overlapping (the walk reads them in order and stops at the first one
     the block has not reached, so an overlapped feature would be left out of its blocks)."""
@@ -547,7 +525,7 @@ def _check_mm_features(mm_features: object) -> tuple[tuple[str, int, int], ...]:
         return ()
     if not isinstance(mm_features, list | tuple):
         raise InvalidRequestError(
-            f"mm_features must be a list of features, got {_short(mm_features)}")
+            f"mm_features must be a list of features, got {shown(mm_features)}")
     checked: list[tuple[str, int, int]] = []
     end = 0
     for feature in mm_features:
@@ -558,7 +536,7 @@ def _check_mm_features(mm_features: object) -> tuple[tuple[str, int, int], ...]:
         if (type(identifier) is not str or type(offset) is not int or type(length) is not int
                 or offset < 0 or length < 0):
             raise InvalidRequestError(
-                f"multimodal feature {_short(feature)} needs a str identifier and an "
+                f"multimodal feature {shown(feature)} needs a str identifier and an "
                 f"mm_position with an int offset and length >= 0")
         if offset < end:
             raise InvalidRequestError(
@@ -579,10 +557,10 @@ def _is_embeddings(value: object) -> bool:
             and not value.dtype.hasobject)
 
 
-def _check_prompt_embeds(prompt_embeds: object) -> Any:
+def check_prompt_embeds(prompt_embeds: object) -> Any:
     if prompt_embeds is not None and not _is_embeddings(prompt_embeds):
         raise InvalidRequestError(
-            f"prompt_embeds must be a torch tensor or numpy array, got {_short(prompt_embeds)}")
+            f"prompt_embeds must be a torch tensor or numpy array, got {shown(prompt_embeds)}")
     return prompt_embeds
 
 
@@ -601,13 +579,13 @@ def _key_sources(request: RequestLike, tagged: bool) -> _KeySources | None:
         return None
     lora_key = None
     if lora_request is not None:
-        lora_key = _lora_key(*_check_lora(lora_request), tagged)
+        lora_key = _lora_key(*check_lora(lora_request), tagged)
     features = () if type(mm_features) is list and not mm_features else (
-        _check_mm_features(mm_features))
+        check_mm_features(mm_features))
     if cache_salt is not None:
-        _check_cache_salt(cache_salt)
+        check_cache_salt(cache_salt)
     if prompt_embeds is not None:
-        _check_prompt_embeds(prompt_embeds)
+        check_prompt_embeds(prompt_embeds)
     return lora_key, features, cache_salt, prompt_embeds
 
 
@@ -667,7 +645,7 @@ def tensor_data(tensor: Any) -> memoryview:
     (vLLM's ``tensor_data``, which ``kv_cache_utils`` re-exports)."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
-        raise InvalidTensorError(f"tensor_data needs a CPU torch tensor, got {_short(tensor)}")
+        raise InvalidTensorError(f"tensor_data needs a CPU torch tensor, got {shown(tensor)}")
     data: memoryview = tensor.flatten().contiguous().view(torch.uint8).numpy().data
     return data
 
@@ -709,7 +687,10 @@ def _check_mm_index(start_mm_idx: int, count: int) -> None:
 
 
 def generate_block_hash_extra_keys(
-    request: RequestLike, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+    request: RequestLike,
+    start_token_idx: SupportsIndex,
+    end_token_idx: SupportsIndex,
+    start_mm_idx: SupportsIndex,
 ) -> tuple[tuple[Any, ...] | None, int]:
     """The extra keys of tokens ``[start_token_idx, end_token_idx)`` and the next mm index.
 
@@ -717,31 +698,39 @@ def generate_block_hash_extra_keys(
     and the salt is not empty), prompt embeddings; each written in ``EXTRA_KEY_FORMAT``.
     ``None`` when there are none.
     """
-    if type(start_token_idx) is not int or type(end_token_idx) is not int:
+    start, end, mm_idx = as_int(start_token_idx), as_int(end_token_idx), as_int(start_mm_idx)
+    if start is None or end is None:
         raise InvalidBlockRangeError(
             f"block bounds must be ints, got {start_token_idx!r} and {end_token_idx!r}")
-    if not 0 <= start_token_idx < end_token_idx:
-        raise InvalidBlockRangeError(
-            f"block [{start_token_idx}, {end_token_idx}) is not a range of tokens from 0")
-    if type(start_mm_idx) is not int:
+    if not 0 <= start < end:
+        raise InvalidBlockRangeError(f"block [{start}, {end}) is not a range of tokens from 0")
+    if mm_idx is None:
         raise InvalidMultiModalIndexError(f"multimodal index must be an int, got {start_mm_idx!r}")
     tagged = EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED
     sources = _key_sources(request, tagged)
     if sources is None:
-        return None, start_mm_idx
-    _check_mm_index(start_mm_idx, len(sources[1]))
-    return _block_extra_keys(sources, start_token_idx, end_token_idx, start_mm_idx, tagged)
+        return None, mm_idx
+    _check_mm_index(mm_idx, len(sources[1]))
+    return _block_extra_keys(sources, start, end, mm_idx, tagged)
 
 
 # --------------------------------------------------------------------------- request hasher
 
 
+def _block_size(what: str, value: object) -> int:
+    """A block size: an int (or numpy integer) in ``[1, MAX_BLOCK_SIZE]``, as a plain int."""
+    size = as_int(value)
+    if size is None or not 0 < size <= MAX_BLOCK_SIZE:
+        raise InvalidBlockSizeError(
+            f"{what} must be a positive int at most 2**31 - 1, got {value!r}")
+    return size
+
+
 def get_request_block_hasher(
-    block_size: int, caching_hash_fn: HashFunction
+    block_size: SupportsIndex, caching_hash_fn: HashFunction
 ) -> Callable[[RequestLike], list[BlockHash]]:
     """A function giving the hashes of a request's new full blocks (those not yet hashed)."""
-    if type(block_size) is not int or block_size <= 0:
-        raise InvalidBlockSizeError(f"block size must be a positive int, got {block_size!r}")
+    size = _block_size("block size", block_size)
     _check_hash_function(caching_hash_fn)
     dumps = pickle.dumps
     new_sha256 = hashlib.sha256
@@ -758,21 +747,21 @@ def get_request_block_hasher(
             raise _not_a_request(request, error) from None
         if type(block_hashes) is not list or type(num_tokens) is not int:
             raise InvalidRequestError(
-                f"request {_short(request)} must have a list of block_hashes and an int "
-                f"num_tokens, got {_short(block_hashes)} and {num_tokens!r}")
-        start = len(block_hashes) * block_size
-        if start + block_size > num_tokens:
+                f"request {shown(request)} must have a list of block_hashes and an int "
+                f"num_tokens, got {shown(block_hashes)} and {num_tokens!r}")
+        start = len(block_hashes) * size
+        if start + size > num_tokens:
             return []
         parent: bytes = block_hashes[-1] if block_hashes else NONE_HASH
         if not (isinstance(parent, bytes) or type(parent) is int):  # _is_hash, inlined
             raise InvalidRequestError(
-                f"request {_short(request)} holds a block hash {_short(parent)} that is not "
+                f"request {shown(request)} holds a block hash {shown(parent)} that is not "
                 f"bytes")
         try:
             tokens = request.all_token_ids
         except AttributeError as error:
             raise _not_a_request(request, error) from None
-        stop = start + (num_tokens - start) // block_size * block_size
+        stop = start + (num_tokens - start) // size * size
         try:
             new_tokens = tokens[start:stop]
         except (TypeError, KeyError):
@@ -780,18 +769,18 @@ def get_request_block_hasher(
         if (
             (type(new_tokens) is not list and type(new_tokens) is not tuple)
             or len(new_tokens) != stop - start
-            or not _all_ints(new_tokens)
+            or not all_ints(new_tokens)
         ):
             raise InvalidRequestError(
-                f"request {_short(request)} has num_tokens {num_tokens} but its token ids "
-                f"[{start}:{stop}] are not that many ints: {_short(tokens)}")
+                f"request {shown(request)} has num_tokens {num_tokens} but its token ids "
+                f"[{start}:{stop}] are not that many ints: {shown(tokens)}")
         tagged = EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED
         sources = _key_sources(request, tagged)
         new_hashes: list[Any] = []  # BlockHash values (a NewType call per hash would cost)
         if sources is None:
             # Hot path: every payload is (parent, tokens, None). zip over one iterator repeated
-            # block_size times cuts the full blocks into tuples at C speed.
-            blocks = zip(*[iter(new_tokens)] * block_size, strict=False)
+            # ``size`` times cuts the full blocks into tuples at C speed.
+            blocks = zip(*[iter(new_tokens)] * size, strict=False)
             append = new_hashes.append
             if use_sha256:
                 for block in blocks:
@@ -803,12 +792,12 @@ def get_request_block_hasher(
                     append(parent)
             return new_hashes
         mm_idx = 0 if start == 0 else -1
-        for offset in range(0, stop - start, block_size):
+        for offset in range(0, stop - start, size):
             block_start = start + offset
             extra_keys, mm_idx = _block_extra_keys(
-                sources, block_start, block_start + block_size, mm_idx, tagged)
+                sources, block_start, block_start + size, mm_idx, tagged)
             parent = _hash_block(caching_hash_fn, parent,
-                                 tuple(new_tokens[offset : offset + block_size]), extra_keys)
+                                 tuple(new_tokens[offset : offset + size]), extra_keys)
             new_hashes.append(parent)
         return new_hashes
 
@@ -828,28 +817,25 @@ class BlockHashListWithBlockSize:
     __slots__ = ("block_hashes", "hash_block_size", "scale_factor", "target_block_size")
 
     def __init__(
-        self, block_hashes: list[BlockHash], hash_block_size: int, target_block_size: int
+        self,
+        block_hashes: list[BlockHash],
+        hash_block_size: SupportsIndex,
+        target_block_size: SupportsIndex,
     ) -> None:
         if not isinstance(block_hashes, list):
             raise InvalidBlockHashError(
-                f"block_hashes must be a list of block hashes, got {_short(block_hashes)}")
-        if type(hash_block_size) is not int or hash_block_size <= 0:
+                f"block_hashes must be a list of block hashes, got {shown(block_hashes)}")
+        hash_size = _block_size("hash block size", hash_block_size)
+        target_size = _block_size("target block size", target_block_size)
+        if target_size % hash_size != 0:
             raise InvalidBlockSizeError(
-                f"hash block size must be a positive int, got {hash_block_size!r}"
-            )
-        if type(target_block_size) is not int or target_block_size <= 0:
-            raise InvalidBlockSizeError(
-                f"target block size must be a positive int, got {target_block_size!r}"
-            )
-        if target_block_size % hash_block_size != 0:
-            raise InvalidBlockSizeError(
-                f"target block size {target_block_size} is not a multiple of "
-                f"hash block size {hash_block_size}"
+                f"target block size {target_size} is not a multiple of "
+                f"hash block size {hash_size}"
             )
         self.block_hashes = block_hashes
-        self.hash_block_size = hash_block_size
-        self.target_block_size = target_block_size
-        self.scale_factor = target_block_size // hash_block_size
+        self.hash_block_size = hash_size
+        self.target_block_size = target_size
+        self.scale_factor = target_size // hash_size
 
     def __len__(self) -> int:
         return len(self.block_hashes) // self.scale_factor
@@ -861,7 +847,7 @@ class BlockHashListWithBlockSize:
         for block_hash in fine:  # the list is the caller's, and may have grown since
             if not isinstance(block_hash, bytes):
                 raise InvalidBlockHashError(
-                    f"block hash {_short(block_hash)} at fine index "
+                    f"block hash {shown(block_hash)} at fine index "
                     f"{base + fine.index(block_hash)} is not bytes")
         return BlockHash(b"".join(fine))
 

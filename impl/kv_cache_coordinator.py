@@ -12,13 +12,17 @@ cross-attention group (encoder-decoder models run without prefix caching); EAGLE
 than one attention type; context parallelism with more than one attention type; sizes and
 flags of the wrong type or out of range.
 
-Every public method checks its arguments for all groups before any group changes, and raises
-``InvalidManagerArgument`` naming the bad value; ``KVCacheManager`` checks once per call and
-then runs the unchecked twins (``_allocate_new_blocks``, ...), as the coordinators run the
-managers' twins. The checks a whole request needs live here: ``_check_computed_tokens`` (no
-token counted as computed without a slot in every group), ``_check_keys`` (the hashes, token
-ids and LoRA that keying a request's blocks reads) and ``_check_hits`` (cache hits that are
-this request's: each real block the one cached under the request's hash at its position).
+Every public method checks its arguments for all groups, in one block at its top, before any
+group changes, and raises ``InvalidManagerArgument`` naming the bad value; ``KVCacheManager``
+checks once per call and then runs the unchecked twins (``allocate_new_blocks_unchecked``, ...:
+``CoordinatorSeam``), as the coordinators run the managers' twins (``SingleTypeManagerSeam``).
+The checks a whole request needs live here: ``check_computed_tokens`` (no token counted as
+computed without a slot in every group), ``check_keys`` (the hashes, token ids and LoRA that
+keying a request's blocks reads) and ``check_hits`` (cache hits that are this request's: each
+real block the one cached under the request's hash at its position).
+
+A coordinator is built from a KV-cache config and a ``KVCacheSettings``, the sizes and flags
+checked once by ``check_settings``; ``get_kv_cache_coordinator`` takes vLLM's arguments.
 """
 
 from __future__ import annotations
@@ -26,8 +30,27 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, SupportsIndex
 
 from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.checks import (
+    MAX_NUM_TOKENS,
+    Flag,
+    Text,
+    block_hashes_of,
+    check_count,
+    check_flag,
+    check_request_id,
+    check_world_sizes,
+    request_id_of,
+)
+from kvspec.impl.errors import (
+    InvalidKVCacheConfig,
+    InvalidManagerArgument,
+    InvalidPoolConfigError,
+    PrefixCachingNotSupported,
+)
 from kvspec.impl.eviction import EvictionPolicy
 from kvspec.impl.hashing import BlockHash, BlockHashListWithBlockSize
 from kvspec.impl.kv_cache_interface import (
@@ -42,32 +65,25 @@ from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
 from kvspec.impl.kv_cache_utils import KVCacheBlock
 from kvspec.impl.request import RequestLike
 from kvspec.impl.single_type_kv_cache_manager import (
-    MAX_NUM_TOKENS,
     CrossAttentionManager,
     FullAttentionManager,
-    InvalidKVCacheConfig,
-    InvalidManagerArgument,
-    PrefixCachingNotSupported,
     SingleTypeKVCacheManager,
-    block_hashes_of,
     check_block_hashes,
     check_block_list,
-    check_count,
-    check_flag,
-    check_request_id,
-    check_world_sizes,
     get_manager_for_kv_cache_spec,
-    request_id_of,
     spec_manager_map,
 )
 
 BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
 
 __all__ = [
+    "CoordinatorSeam",
     "HybridKVCacheCoordinator",
     "KVCacheCoordinator",
     "KVCacheCoordinatorNoPrefixCache",
+    "KVCacheSettings",
     "UnitaryKVCacheCoordinator",
+    "check_settings",
     "get_kv_cache_coordinator",
 ]
 
@@ -75,68 +91,148 @@ __all__ = [
 Groups = tuple[Sequence[KVCacheBlock], ...]
 
 
-def check_coordinator_arguments(
-    max_model_len: object, use_eagle: object, enable_caching: object,
-    enable_kv_cache_events: object, dcp_world_size: object, pcp_world_size: object,
-    hash_block_size: object,
-) -> tuple[int, bool, bool, bool, int, int, int]:
-    """The sizes and flags every coordinator is built with, checked (``InvalidKVCacheConfig``
-    naming the value), in the order given."""
+@dataclass(frozen=True)
+class KVCacheSettings:
+    """The settings the manager stack is built with, checked once: ``check_settings`` builds
+    it from vLLM's constructor arguments, and ``KVCacheManager`` and ``get_kv_cache_coordinator``
+    hand it to the coordinator, which builds the block pool and the single-type managers from
+    it. ``metrics_collector`` and ``eviction_policy`` are the block pool's, checked by the
+    pool (``InvalidPoolConfigError``), which owns them."""
+
+    max_model_len: int
+    use_eagle: bool
+    enable_caching: bool
+    enable_kv_cache_events: bool
+    dcp_world_size: int
+    pcp_world_size: int
+    hash_block_size: int
+    metrics_collector: KVCacheMetricsCollector | None = None
+    max_pending_kv_events: int | None = None
+    eviction_policy: EvictionPolicy | None = None
+
+
+def check_settings(
+    max_model_len: SupportsIndex,
+    use_eagle: Flag,
+    enable_caching: Flag,
+    enable_kv_cache_events: Flag,
+    dcp_world_size: SupportsIndex,
+    pcp_world_size: SupportsIndex,
+    hash_block_size: SupportsIndex,
+    metrics_collector: KVCacheMetricsCollector | None = None,
+    max_pending_kv_events: SupportsIndex | None = None,
+    eviction_policy: EvictionPolicy | None = None,
+) -> KVCacheSettings:
+    """The settings, checked (``InvalidKVCacheConfig`` naming the value; a bad
+    ``max_pending_kv_events`` ``InvalidPoolConfigError``, as the pool refuses it)."""
     dcp, pcp = check_world_sizes(dcp_world_size, pcp_world_size)
-    return (
-        check_count("max_model_len", max_model_len, low=1, error=InvalidKVCacheConfig),
-        check_flag("use_eagle", use_eagle, InvalidKVCacheConfig),
-        check_flag("enable_caching", enable_caching, InvalidKVCacheConfig),
-        check_flag("enable_kv_cache_events", enable_kv_cache_events, InvalidKVCacheConfig),
-        dcp,
-        pcp,
-        check_count("hash_block_size", hash_block_size, low=1, error=InvalidKVCacheConfig),
-    )
+    max_len = check_count("max_model_len", max_model_len, low=1, error=InvalidKVCacheConfig)
+    eagle = check_flag("use_eagle", use_eagle, InvalidKVCacheConfig)
+    caching = check_flag("enable_caching", enable_caching, InvalidKVCacheConfig)
+    events = check_flag("enable_kv_cache_events", enable_kv_cache_events, InvalidKVCacheConfig)
+    hash_size = check_count("hash_block_size", hash_block_size, low=1,
+                            error=InvalidKVCacheConfig)
+    bound = None
+    if max_pending_kv_events is not None:
+        bound = check_count("max_pending_kv_events", max_pending_kv_events, low=1,
+                            error=InvalidPoolConfigError)
+    return KVCacheSettings(max_len, eagle, caching, events, dcp, pcp, hash_size,
+                           metrics_collector, bound, eviction_policy)
+
+
+class CoordinatorSeam(Protocol):
+    """What ``KVCacheManager`` needs from a coordinator (``KVCacheCoordinator`` provides it;
+    mypy checks that below the class).
+
+    The ``..._unchecked`` methods are the operations behind the public methods of the same
+    name without the suffix (vLLM's, where vLLM has them), for arguments the caller has
+    already checked: the manager checks each call's arguments once, with the ``check_...``
+    methods for what depends on the coordinator's state, then runs them. The manager holds its
+    coordinator as the concrete class, so that the compiled build calls these directly."""
+
+    block_pool: BlockPool
+    has_cross_attention: bool
+
+    def check_computed_tokens(self, request_id: str, name: str, num_tokens: int,
+                              error: type[InvalidManagerArgument] = ...) -> None: ...
+
+    def check_keys(self, request: object, request_id: str, num_tokens: int,
+                   num_hit_tokens: int, error: type[InvalidManagerArgument] = ...) -> None: ...
+
+    def check_hits(self, block_hashes: list[BlockHash], hits: Groups, num_hit_tokens: int,
+                   error: type[InvalidManagerArgument] = ...) -> None: ...
+
+    def check_cacheable(self, request: RequestLike, num_tokens: SupportsIndex,
+                        high: int) -> int: ...
+
+    def find_longest_cache_hit_unchecked(
+        self, block_hashes: BlockHashList, max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]: ...
+
+    def get_num_blocks_to_allocate_unchecked(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Groups,
+        num_encoder_tokens: int) -> int: ...
+
+    def get_max_num_blocks_to_allocate_unchecked(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Groups,
+        num_encoder_tokens: int) -> int: ...
+
+    def num_blocks_freed_by_skip_unchecked(self, request_id: str, num_computed_tokens: int
+                                           ) -> int: ...
+
+    def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int
+                                        ) -> None: ...
+
+    def save_new_computed_blocks_unchecked(self, request_id: str, new_computed_blocks: Groups
+                                           ) -> None: ...
+
+    def allocate_new_blocks_unchecked(self, request_id: str, num_tokens: int,
+                                      num_encoder_tokens: int = ...
+                                      ) -> tuple[list[KVCacheBlock], ...]: ...
+
+    def cache_blocks_unchecked(self, request: RequestLike, num_computed_tokens: int
+                               ) -> None: ...
+
+    def free_unchecked(self, request_id: str) -> None: ...
+
+    def has_blocks_unchecked(self, request_id: str) -> bool: ...
+
+    def get_blocks_unchecked(self, request_id: str) -> tuple[list[KVCacheBlock], ...]: ...
+
+    def get_num_common_prefix_blocks(self, running_request_id: Text) -> list[int]: ...
 
 
 class KVCacheCoordinator:
     """Drives one single-type manager per KV-cache group over one shared BlockPool. (Not an
-    ``abc.ABC``, for the reason ``SingleTypeKVCacheManager`` gives.)"""
+    ``abc.ABC``, for the reason ``SingleTypeKVCacheManager`` gives.)
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfigLike,
-        max_model_len: int | object,
-        use_eagle: bool | object,
-        enable_caching: bool | object,
-        enable_kv_cache_events: bool | object,
-        dcp_world_size: int | object,
-        pcp_world_size: int | object,
-        hash_block_size: int | object,
-        metrics_collector: KVCacheMetricsCollector | object | None = None,
-        *,
-        max_pending_kv_events: int | object | None = None,
-        eviction_policy: EvictionPolicy | object | None = None,
-    ) -> None:
-        max_len, eagle, caching, events, dcp, pcp, hash_size = check_coordinator_arguments(
-            max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
-            pcp_world_size, hash_block_size)
+    Built from a KV-cache config and the checked ``KVCacheSettings`` (``get_kv_cache_coordinator``
+    takes vLLM's arguments and builds both)."""
+
+    def __init__(self, kv_cache_config: KVCacheConfigLike, settings: KVCacheSettings) -> None:
         # The caller's config (vLLM's own, in vLLM) is kept as given; impl computes with its
         # own equal config.
         self.kv_cache_config = kv_cache_config
         config = as_kv_cache_config(kv_cache_config)
-        self.max_model_len: int = max_len
-        self.use_eagle: bool = eagle
-        self.enable_caching: bool = caching
-        self.dcp_world_size: int = dcp
-        self.pcp_world_size: int = pcp
-        self.hash_block_size: int = hash_size
-        self.block_pool = BlockPool(config.num_blocks, caching, hash_size, events,
-                                    metrics_collector,
-                                    max_pending_kv_events=max_pending_kv_events,
-                                    eviction_policy=eviction_policy)
+        self.settings = settings
+        self.max_model_len: int = settings.max_model_len
+        self.use_eagle: bool = settings.use_eagle
+        self.enable_caching: bool = settings.enable_caching
+        self.dcp_world_size: int = settings.dcp_world_size
+        self.pcp_world_size: int = settings.pcp_world_size
+        self.hash_block_size: int = settings.hash_block_size
+        self.block_pool = BlockPool(config.num_blocks, settings.enable_caching,
+                                    settings.hash_block_size, settings.enable_kv_cache_events,
+                                    settings.metrics_collector,
+                                    max_pending_kv_events=settings.max_pending_kv_events,
+                                    eviction_policy=settings.eviction_policy)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
                 group.kv_cache_spec,
                 block_pool=self.block_pool,
                 kv_cache_group_id=group_id,
-                dcp_world_size=dcp,
-                pcp_world_size=pcp,
+                dcp_world_size=settings.dcp_world_size,
+                pcp_world_size=settings.pcp_world_size,
             )
             for group_id, group in enumerate(kv_cache_config.kv_cache_groups)
         )
@@ -158,7 +254,7 @@ class KVCacheCoordinator:
                 f"{len(self.single_type_managers)}")
         return tuple(check_block_list(blocks, what) for blocks in groups)
 
-    def _check_computed_tokens(
+    def check_computed_tokens(
         self, request_id: str, name: str, num_tokens: int,
         error: type[InvalidManagerArgument] = InvalidManagerArgument,
     ) -> None:
@@ -166,13 +262,13 @@ class KVCacheCoordinator:
         them: vLLM's callers give every token a slot before they count it as computed
         (async scheduling's placeholder tokens included)."""
         for manager in self._decoder_managers:
-            held = manager._slots_held(request_id)
+            held = manager.num_slots_held_unchecked(request_id)
             if num_tokens > held:
                 raise error(
                     f"{name}={num_tokens} is more than the {held} tokens the blocks of "
                     f"request {request_id!r} hold in KV-cache group {manager.kv_cache_group_id}")
 
-    def _check_keys(
+    def check_keys(
         self, request: object, request_id: str, num_tokens: int, num_hit_tokens: int,
         error: type[InvalidManagerArgument] = InvalidManagerArgument,
     ) -> None:
@@ -207,7 +303,7 @@ class KVCacheCoordinator:
                      for manager in self._decoder_managers), default=0)
         return first if first > num_hit_tokens else num_hit_tokens
 
-    def _check_hits(
+    def check_hits(
         self, block_hashes: list[BlockHash], hits: Groups, num_hit_tokens: int,
         error: type[InvalidManagerArgument] = InvalidManagerArgument,
     ) -> None:
@@ -248,108 +344,113 @@ class KVCacheCoordinator:
                     f"{real[index]!r} is not the block cached for the request's hash at "
                     f"position {num_null + index} of KV-cache group {group_id}")
 
-    def _check_cacheable(self, request: object, num_tokens: int | object,
-                         high: int = MAX_NUM_TOKENS) -> int:
-        """``num_tokens`` if ``cache_blocks(request, num_tokens)`` can key every group's
-        blocks: a request holding that many tokens' slots, whose hashes (and, with events on,
-        token ids and LoRA) keying reads are sound. Also checked with prefix caching off,
-        where nothing is keyed."""
+    def check_cacheable(self, request: RequestLike, num_tokens: SupportsIndex,
+                        high: int = MAX_NUM_TOKENS) -> int:
+        """``num_tokens`` as an int if ``cache_blocks(request, num_tokens)`` can key every
+        group's blocks: a request holding that many tokens' slots, whose hashes (and, with
+        events on, token ids and LoRA) keying reads are sound. Also checked with prefix
+        caching off, where nothing is keyed."""
         request_id = request_id_of(request)
         block_hashes_of(request)
         count = check_count("num_computed_tokens", num_tokens, high)
-        self._check_computed_tokens(request_id, "num_computed_tokens", count)
+        self.check_computed_tokens(request_id, "num_computed_tokens", count)
         if self.enable_caching:
-            self._check_keys(request, request_id, count, 0)
+            self.check_keys(request, request_id, count, 0)
         return count
 
     # -- allocation ----------------------------------------------------------------------
 
     def get_num_blocks_to_allocate(
         self,
-        request_id: str | object,
-        num_tokens: int | object,
-        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...] | object,
-        num_encoder_tokens: int | object,
+        request_id: Text,
+        num_tokens: SupportsIndex,
+        new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+        num_encoder_tokens: SupportsIndex,
     ) -> int:
         """New blocks all groups need together. A group that needs none (its count is 0 or
         negative, e.g. cross-attention after its encoder blocks) adds 0: its surplus is not
         free for the other groups (vLLM 0.13 sums the raw counts)."""
-        return self._num_blocks_to_allocate(
-            check_request_id(request_id), check_count("num_tokens", num_tokens),
-            self._check_groups(new_computed_blocks, "new_computed_blocks"),
-            check_count("num_encoder_tokens", num_encoder_tokens))
+        checked_id = check_request_id(request_id)
+        count = check_count("num_tokens", num_tokens)
+        groups = self._check_groups(new_computed_blocks, "new_computed_blocks")
+        encoder = check_count("num_encoder_tokens", num_encoder_tokens)
+        return self.get_num_blocks_to_allocate_unchecked(checked_id, count, groups, encoder)
 
-    def _num_blocks_to_allocate(
+    def get_num_blocks_to_allocate_unchecked(
         self,
         request_id: str,
         num_tokens: int,
-        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        new_computed_blocks: Groups,
         num_encoder_tokens: int,
     ) -> int:
         total = 0
         for manager, computed in zip(self.single_type_managers, new_computed_blocks, strict=True):
             if type(manager) is CrossAttentionManager:
-                wanted = manager._num_blocks_to_allocate(request_id, num_encoder_tokens, [])
+                wanted = manager.get_num_blocks_to_allocate_unchecked(
+                    request_id, num_encoder_tokens, [])
             else:
-                wanted = manager._num_blocks_to_allocate(request_id, num_tokens, computed)
+                wanted = manager.get_num_blocks_to_allocate_unchecked(
+                    request_id, num_tokens, computed)
             if wanted > 0:
                 total += wanted
         return total
 
     def get_max_num_blocks_to_allocate(
         self,
-        request_id: str | object,
-        num_tokens: int | object,
-        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...] | object,
-        num_encoder_tokens: int | object,
+        request_id: Text,
+        num_tokens: SupportsIndex,
+        new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+        num_encoder_tokens: SupportsIndex,
     ) -> int:
         """An upper bound of ``get_num_blocks_to_allocate`` that counts every cache hit as
         evictable, so it never reads a ref count: when it fits, the exact count fits too."""
-        return self._max_num_blocks_to_allocate(
-            check_request_id(request_id), check_count("num_tokens", num_tokens),
-            self._check_groups(new_computed_blocks, "new_computed_blocks"),
-            check_count("num_encoder_tokens", num_encoder_tokens))
+        checked_id = check_request_id(request_id)
+        count = check_count("num_tokens", num_tokens)
+        groups = self._check_groups(new_computed_blocks, "new_computed_blocks")
+        encoder = check_count("num_encoder_tokens", num_encoder_tokens)
+        return self.get_max_num_blocks_to_allocate_unchecked(checked_id, count, groups, encoder)
 
-    def _max_num_blocks_to_allocate(
+    def get_max_num_blocks_to_allocate_unchecked(
         self,
         request_id: str,
         num_tokens: int,
-        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        new_computed_blocks: Groups,
         num_encoder_tokens: int,
     ) -> int:
         total = 0
         for manager in self.single_type_managers:
             if type(manager) is CrossAttentionManager:
-                wanted = manager._num_blocks_to_allocate(request_id, num_encoder_tokens, [])
+                wanted = manager.get_num_blocks_to_allocate_unchecked(
+                    request_id, num_encoder_tokens, [])
             else:
-                wanted = manager._num_blocks_to_allocate(request_id, num_tokens, ())
+                wanted = manager.get_num_blocks_to_allocate_unchecked(request_id, num_tokens, ())
             if wanted > 0:
                 total += wanted
         return total
 
     def num_blocks_freed_by_skip(
-        self, request_id: str | object, num_computed_tokens: int | object
+        self, request_id: Text, num_computed_tokens: SupportsIndex
     ) -> int:
         """Blocks ``remove_skipped_blocks`` would return to the free queue."""
         checked_id = check_request_id(request_id)
         count = check_count("num_computed_tokens", num_computed_tokens)
-        self._check_computed_tokens(checked_id, "num_computed_tokens", count)
-        return self._num_blocks_freed_by_skip(checked_id, count)
+        self.check_computed_tokens(checked_id, "num_computed_tokens", count)
+        return self.num_blocks_freed_by_skip_unchecked(checked_id, count)
 
-    def _num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
+    def num_blocks_freed_by_skip_unchecked(self, request_id: str, num_computed_tokens: int
+                                           ) -> int:
         return sum(
-            manager._num_blocks_freed_by_skip(request_id, num_computed_tokens)
+            manager.num_blocks_freed_by_skip_unchecked(request_id, num_computed_tokens)
             for manager in self.single_type_managers
         )
 
     def save_new_computed_blocks(
-        self, request_id: str | object,
-        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...] | object,
+        self, request_id: Text, new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
     ) -> None:
         """Attach a new request's cache hits (already touched), every group checked first."""
         checked_id = check_request_id(request_id)
         groups = self._check_groups(new_computed_blocks, "new_computed_blocks")
-        if any(groups) and self._has_blocks(checked_id):
+        if any(groups) and self.has_blocks_unchecked(checked_id):
             raise InvalidManagerArgument(
                 f"request {checked_id!r} already holds blocks and cannot take cache hits")
         for manager, blocks in zip(self.single_type_managers, groups, strict=True):
@@ -357,18 +458,17 @@ class KVCacheCoordinator:
                 raise PrefixCachingNotSupported(
                     f"cross-attention never has cache hits, got {len(blocks)} for request "
                     f"{checked_id!r}")
-            manager._check_hits(checked_id, blocks)
-        self._save_new_computed_blocks(checked_id, groups)
+            manager.check_hits(checked_id, blocks)
+        self.save_new_computed_blocks_unchecked(checked_id, groups)
 
-    def _save_new_computed_blocks(
-        self, request_id: str, new_computed_blocks: tuple[Sequence[KVCacheBlock], ...]
-    ) -> None:
+    def save_new_computed_blocks_unchecked(self, request_id: str, new_computed_blocks: Groups
+                                           ) -> None:
         for manager, computed in zip(self.single_type_managers, new_computed_blocks, strict=True):
-            manager._save_new_computed_blocks(request_id, computed)
+            manager.save_new_computed_blocks_unchecked(request_id, computed)
 
     def allocate_new_blocks(
-        self, request_id: str | object, num_tokens: int | object,
-        num_encoder_tokens: int | object = 0,
+        self, request_id: Text, num_tokens: SupportsIndex,
+        num_encoder_tokens: SupportsIndex = 0,
     ) -> tuple[list[KVCacheBlock], ...]:
         """Blocks for ``num_tokens`` tokens in every group (``num_encoder_tokens`` in
         cross-attention groups); more than the pool has free is refused before any group
@@ -377,124 +477,119 @@ class KVCacheCoordinator:
         count = check_count("num_tokens", num_tokens)
         encoder = check_count("num_encoder_tokens", num_encoder_tokens)
         empty = tuple(() for _ in self.single_type_managers)
-        wanted = self._num_blocks_to_allocate(checked_id, count, empty, encoder)
+        wanted = self.get_num_blocks_to_allocate_unchecked(checked_id, count, empty, encoder)
         if wanted > self.block_pool.get_num_free_blocks():
             raise InvalidManagerArgument(
                 f"num_tokens={count} (num_encoder_tokens={encoder}) needs {wanted} new "
                 f"blocks, the pool has {self.block_pool.get_num_free_blocks()} free")
-        return self._allocate_new_blocks(checked_id, count, encoder)
+        return self.allocate_new_blocks_unchecked(checked_id, count, encoder)
 
-    def _allocate_new_blocks(
+    def allocate_new_blocks_unchecked(
         self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
     ) -> tuple[list[KVCacheBlock], ...]:
         return tuple(
-            manager._allocate_new_blocks(
+            manager.allocate_new_blocks_unchecked(
                 request_id,
                 num_encoder_tokens if type(manager) is CrossAttentionManager else num_tokens,
             )
             for manager in self.single_type_managers
         )
 
-    def cache_blocks(self, request: RequestLike, num_computed_tokens: int | object) -> None:
+    def cache_blocks(self, request: RequestLike, num_computed_tokens: SupportsIndex) -> None:
         """Key every group's blocks that ``num_computed_tokens`` tokens fill; everything
         keying reads is checked, for all groups, before the first is keyed."""
-        self._cache_blocks(request, self._check_cacheable(request, num_computed_tokens))
+        count = self.check_cacheable(request, num_computed_tokens)
+        self.cache_blocks_unchecked(request, count)
 
-    def _cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
+    def cache_blocks_unchecked(self, request: RequestLike, num_computed_tokens: int) -> None:
         for manager in self.single_type_managers:
-            manager._cache_blocks(request, num_computed_tokens)
+            manager.cache_blocks_unchecked(request, num_computed_tokens)
 
-    def free(self, request_id: str | object) -> None:
-        self._free(check_request_id(request_id))
+    def free(self, request_id: Text) -> None:
+        checked_id = check_request_id(request_id)
+        self.free_unchecked(checked_id)
 
-    def _free(self, request_id: str) -> None:
+    def free_unchecked(self, request_id: str) -> None:
         for manager in self.single_type_managers:
-            manager._free(request_id)
+            manager.free_unchecked(request_id)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str | object) -> list[int]:
-        return self._num_common_prefix_blocks(check_request_id(running_request_id))
+    def get_num_common_prefix_blocks(self, running_request_id: Text) -> list[int]:
+        checked_id = check_request_id(running_request_id)
+        return self.get_num_common_prefix_blocks_unchecked(checked_id)
 
-    def _num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> list[int]:
         return [
-            manager._num_common_prefix_blocks(running_request_id)
+            manager.get_num_common_prefix_blocks_unchecked(running_request_id)
             for manager in self.single_type_managers
         ]
 
     def remove_skipped_blocks(
-        self, request_id: str | object, num_computed_tokens: int | object
+        self, request_id: Text, num_computed_tokens: SupportsIndex
     ) -> None:
         checked_id = check_request_id(request_id)
         count = check_count("num_computed_tokens", num_computed_tokens)
-        self._check_computed_tokens(checked_id, "num_computed_tokens", count)
-        self._remove_skipped_blocks(checked_id, count)
+        self.check_computed_tokens(checked_id, "num_computed_tokens", count)
+        self.remove_skipped_blocks_unchecked(checked_id, count)
 
-    def _remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int) -> None:
         for manager in self.single_type_managers:
-            manager._remove_skipped_blocks(request_id, num_computed_tokens)
+            manager.remove_skipped_blocks_unchecked(request_id, num_computed_tokens)
 
-    def get_blocks(self, request_id: str | object) -> tuple[list[KVCacheBlock], ...]:
-        return self._get_blocks(check_request_id(request_id))
+    def get_blocks(self, request_id: Text) -> tuple[list[KVCacheBlock], ...]:
+        checked_id = check_request_id(request_id)
+        return self.get_blocks_unchecked(checked_id)
 
-    def _get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+    def get_blocks_unchecked(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return tuple(
             manager.req_to_blocks.get(request_id) or [] for manager in self.single_type_managers
         )
 
-    def has_blocks(self, request_id: str | object) -> bool:
+    def has_blocks(self, request_id: Text) -> bool:
         """Whether any group holds a block list for the request."""
-        return self._has_blocks(check_request_id(request_id))
+        checked_id = check_request_id(request_id)
+        return self.has_blocks_unchecked(checked_id)
 
-    def _has_blocks(self, request_id: str) -> bool:
+    def has_blocks_unchecked(self, request_id: str) -> bool:
         return any(request_id in m.req_to_blocks for m in self.single_type_managers)
 
     def find_longest_cache_hit(
-        self, block_hashes: BlockHashList | object, max_cache_hit_length: int | object
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: SupportsIndex
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        """Per group, the blocks of the longest prefix-cache hit, and its length in tokens."""
-        return self._find_longest_cache_hit(
-            check_block_hashes(block_hashes),
-            check_count("max_cache_hit_length", max_cache_hit_length))
+        """Per group, the blocks of the longest prefix-cache hit, and its length in tokens.
+        ``block_hashes``: a list of bytes, or a ``BlockHashListWithBlockSize`` over one."""
+        hashes = check_block_hashes(block_hashes)
+        length = check_count("max_cache_hit_length", max_cache_hit_length)
+        return self.find_longest_cache_hit_unchecked(hashes, length)
 
     @abstractmethod
-    def _find_longest_cache_hit(
+    def find_longest_cache_hit_unchecked(
         self, block_hashes: BlockHashList, max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        """``find_longest_cache_hit`` for checked arguments."""
         raise NotImplementedError(f"{type(self).__name__} has no prefix-cache lookup")
+
+
+if TYPE_CHECKING:
+    def _provides_the_seam(coordinator: KVCacheCoordinator) -> CoordinatorSeam:
+        return coordinator
 
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Prefix caching off: any groups, no lookups."""
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfigLike,
-        max_model_len: int | object,
-        use_eagle: bool | object,
-        enable_kv_cache_events: bool | object,
-        dcp_world_size: int | object,
-        pcp_world_size: int | object,
-        hash_block_size: int | object,
-        metrics_collector: KVCacheMetricsCollector | object | None = None,
-        *,
-        max_pending_kv_events: int | object | None = None,
-        eviction_policy: EvictionPolicy | object | None = None,
-    ) -> None:
-        super().__init__(
-            kv_cache_config, max_model_len, use_eagle, False, enable_kv_cache_events,
-            dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
-            max_pending_kv_events=max_pending_kv_events,
-            eviction_policy=eviction_policy,
-        )
+    def __init__(self, kv_cache_config: KVCacheConfigLike, settings: KVCacheSettings) -> None:
+        if settings.enable_caching:
+            raise InvalidKVCacheConfig(
+                "KVCacheCoordinatorNoPrefixCache needs settings with enable_caching=False")
+        super().__init__(kv_cache_config, settings)
         self.num_single_type_manager = len(self.single_type_managers)
 
-    def _num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> list[int]:
         return [0] * self.num_single_type_manager
 
-    def _cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
+    def cache_blocks_unchecked(self, request: RequestLike, num_computed_tokens: int) -> None:
         """Nothing is keyed without prefix caching."""
 
-    def _find_longest_cache_hit(
+    def find_longest_cache_hit_unchecked(
         self, block_hashes: BlockHashList, max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         return tuple([] for _ in range(self.num_single_type_manager)), 0
@@ -503,24 +598,10 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """One KV-cache group (one attention type): lookups go straight to its manager."""
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfigLike,
-        max_model_len: int | object,
-        use_eagle: bool | object,
-        enable_caching: bool | object,
-        enable_kv_cache_events: bool | object,
-        dcp_world_size: int | object,
-        pcp_world_size: int | object,
-        hash_block_size: int | object,
-        metrics_collector: KVCacheMetricsCollector | object | None = None,
-        *,
-        max_pending_kv_events: int | object | None = None,
-        eviction_policy: EvictionPolicy | object | None = None,
-    ) -> None:
-        _, eagle, caching, _, dcp, pcp, hash_size = check_coordinator_arguments(
-            max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
-            pcp_world_size, hash_block_size)
+    def __init__(self, kv_cache_config: KVCacheConfigLike, settings: KVCacheSettings) -> None:
+        eagle, caching, hash_size = (settings.use_eagle, settings.enable_caching,
+                                     settings.hash_block_size)
+        dcp, pcp = settings.dcp_world_size, settings.pcp_world_size
         config = as_kv_cache_config(kv_cache_config)
         groups = config.kv_cache_groups
         if len(groups) != 1:
@@ -537,12 +618,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         _check_caching_supported(config, caching)
         if eagle and isinstance(spec, ChunkedLocalAttentionSpec):
             raise InvalidKVCacheConfig("chunked local attention does not support EAGLE")
-        super().__init__(
-            kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
-            dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
-            max_pending_kv_events=max_pending_kv_events,
-            eviction_policy=eviction_policy,
-        )
+        super().__init__(kv_cache_config, settings)
         self.kv_cache_spec: KVCacheSpec = spec
         self.block_size = block_size
         self._manager = self.single_type_managers[0]
@@ -551,68 +627,68 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     # One group: the per-group loops of the base class, without the loop.
 
-    def _check_computed_tokens(
+    def check_computed_tokens(
         self, request_id: str, name: str, num_tokens: int,
         error: type[InvalidManagerArgument] = InvalidManagerArgument,
     ) -> None:
-        if num_tokens and self._manager._slots_held(request_id) < num_tokens:
-            super()._check_computed_tokens(request_id, name, num_tokens, error)
+        if num_tokens and self._manager.num_slots_held_unchecked(request_id) < num_tokens:
+            super().check_computed_tokens(request_id, name, num_tokens, error)
 
     def _first_unkeyed_token(self, request_id: str, num_hit_tokens: int) -> int:
         first = self._manager.num_cached_block.get(request_id, 0) * self.block_size
         return first if first > num_hit_tokens else num_hit_tokens
 
-    def _num_blocks_to_allocate(
+    def get_num_blocks_to_allocate_unchecked(
         self,
         request_id: str,
         num_tokens: int,
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_encoder_tokens: int,
     ) -> int:
-        wanted = self._manager._num_blocks_to_allocate(
+        wanted = self._manager.get_num_blocks_to_allocate_unchecked(
             request_id, num_tokens, new_computed_blocks[0])
         return wanted if wanted > 0 else 0
 
-    def _max_num_blocks_to_allocate(
+    def get_max_num_blocks_to_allocate_unchecked(
         self,
         request_id: str,
         num_tokens: int,
         new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
         num_encoder_tokens: int,
     ) -> int:
-        wanted = self._manager._num_blocks_to_allocate(request_id, num_tokens, ())
+        wanted = self._manager.get_num_blocks_to_allocate_unchecked(request_id, num_tokens, ())
         return wanted if wanted > 0 else 0
 
-    def _num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
-        return self._manager._num_blocks_freed_by_skip(request_id, num_computed_tokens)
+    def num_blocks_freed_by_skip_unchecked(self, request_id: str, num_computed_tokens: int) -> int:
+        return self._manager.num_blocks_freed_by_skip_unchecked(request_id, num_computed_tokens)
 
-    def _save_new_computed_blocks(
+    def save_new_computed_blocks_unchecked(
         self, request_id: str, new_computed_blocks: tuple[Sequence[KVCacheBlock], ...]
     ) -> None:
-        self._manager._save_new_computed_blocks(request_id, new_computed_blocks[0])
+        self._manager.save_new_computed_blocks_unchecked(request_id, new_computed_blocks[0])
 
-    def _allocate_new_blocks(
+    def allocate_new_blocks_unchecked(
         self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
     ) -> tuple[list[KVCacheBlock], ...]:
-        return (self._manager._allocate_new_blocks(request_id, num_tokens),)
+        return (self._manager.allocate_new_blocks_unchecked(request_id, num_tokens),)
 
-    def _cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
-        self._manager._cache_blocks(request, num_computed_tokens)
+    def cache_blocks_unchecked(self, request: RequestLike, num_computed_tokens: int) -> None:
+        self._manager.cache_blocks_unchecked(request, num_computed_tokens)
 
-    def _free(self, request_id: str) -> None:
-        self._manager._free(request_id)
+    def free_unchecked(self, request_id: str) -> None:
+        self._manager.free_unchecked(request_id)
 
-    def _remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int) -> None:
         if self._manager.skips_blocks:
-            self._manager._remove_skipped_blocks(request_id, num_computed_tokens)
+            self._manager.remove_skipped_blocks_unchecked(request_id, num_computed_tokens)
 
-    def _has_blocks(self, request_id: str) -> bool:
+    def has_blocks_unchecked(self, request_id: str) -> bool:
         return request_id in self._manager.req_to_blocks
 
-    def _find_longest_cache_hit(
+    def find_longest_cache_hit_unchecked(
         self, block_hashes: BlockHashList, max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        hit = self._manager_class._find_longest_cache_hit(
+        hit = self._manager_class.find_longest_cache_hit_unchecked(
             block_hashes, max_cache_hit_length, self._group_ids, self.block_pool,
             self.kv_cache_spec, self.use_eagle, self.block_size, self.dcp_world_size,
             self.pcp_world_size,
@@ -624,24 +700,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     """Several attention types. Groups with equal specs are looked up together (a hit must
     hit in all of them); the types are looked up in turn until their hit lengths agree."""
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfigLike,
-        max_model_len: int | object,
-        use_eagle: bool | object,
-        enable_caching: bool | object,
-        enable_kv_cache_events: bool | object,
-        dcp_world_size: int | object,
-        pcp_world_size: int | object,
-        hash_block_size: int | object,
-        metrics_collector: KVCacheMetricsCollector | object | None = None,
-        *,
-        max_pending_kv_events: int | object | None = None,
-        eviction_policy: EvictionPolicy | object | None = None,
-    ) -> None:
-        _, eagle, caching, _, dcp, pcp, hash_size = check_coordinator_arguments(
-            max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
-            pcp_world_size, hash_block_size)
+    def __init__(self, kv_cache_config: KVCacheConfigLike, settings: KVCacheSettings) -> None:
+        eagle, caching, hash_size = (settings.use_eagle, settings.enable_caching,
+                                     settings.hash_block_size)
+        dcp, pcp = settings.dcp_world_size, settings.pcp_world_size
         config = as_kv_cache_config(kv_cache_config)
         groups = config.kv_cache_groups
         if len(groups) < 2:
@@ -661,12 +723,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                     f"block size {group.kv_cache_spec.block_size} of KV-cache group {group_id} "
                     f"is not a multiple of hash_block_size {hash_size}"
                 )
-        super().__init__(
-            kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
-            dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
-            max_pending_kv_events=max_pending_kv_events,
-            eviction_policy=eviction_policy,
-        )
+        super().__init__(kv_cache_config, settings)
         self.attention_types = _attention_types(config)
         self.lcm_block_size = math.lcm(*(spec.block_size for spec, _ in self.attention_types))
         for spec, _ in self.attention_types:
@@ -729,7 +786,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             block_hashes, self.hash_block_size, block_size  # type: ignore[arg-type]
         )
 
-    def _find_longest_cache_hit(
+    def find_longest_cache_hit_unchecked(
         self, block_hashes: BlockHashList, max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         if self._joins_hashes:
@@ -740,7 +797,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         while not converged:
             converged = True
             for index, (spec, group_ids, manager_class) in enumerate(self._lookups):
-                found = manager_class._find_longest_cache_hit(
+                found = manager_class.find_longest_cache_hit_unchecked(
                     self._hashes_for(block_hashes, spec.block_size), hit_length, group_ids,
                     self.block_pool, spec, self.use_eagle, self.lcm_block_size,
                 )
@@ -808,39 +865,31 @@ def _check_event_fields(request: object, request_id: str, first_token: int,
 
 def get_kv_cache_coordinator(
     kv_cache_config: KVCacheConfigLike,
-    max_model_len: int | object,
-    use_eagle: bool | object,
-    enable_caching: bool | object,
-    enable_kv_cache_events: bool | object,
-    dcp_world_size: int | object,
-    pcp_world_size: int | object,
-    hash_block_size: int | object,
-    metrics_collector: KVCacheMetricsCollector | object | None = None,
+    max_model_len: SupportsIndex,
+    use_eagle: Flag,
+    enable_caching: Flag,
+    enable_kv_cache_events: Flag,
+    dcp_world_size: SupportsIndex,
+    pcp_world_size: SupportsIndex,
+    hash_block_size: SupportsIndex,
+    metrics_collector: KVCacheMetricsCollector | None = None,
     *,
-    max_pending_kv_events: int | object | None = None,
-        eviction_policy: EvictionPolicy | object | None = None,
+    max_pending_kv_events: SupportsIndex | None = None,
+    eviction_policy: EvictionPolicy | None = None,
 ) -> KVCacheCoordinator:
-    """No prefix cache when caching is off; unitary for one group; hybrid otherwise."""
-    caching = check_coordinator_arguments(
-        max_model_len, use_eagle, enable_caching, enable_kv_cache_events, dcp_world_size,
-        pcp_world_size, hash_block_size)[2]
-    if not caching:
-        return KVCacheCoordinatorNoPrefixCache(
-            kv_cache_config, max_model_len, use_eagle, enable_kv_cache_events,
-            dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
-            max_pending_kv_events=max_pending_kv_events,
-            eviction_policy=eviction_policy,
-        )
+    """No prefix cache when caching is off; unitary for one group; hybrid otherwise (vLLM's
+    arguments, checked once into a ``KVCacheSettings``)."""
+    settings = check_settings(max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
+                              dcp_world_size, pcp_world_size, hash_block_size,
+                              metrics_collector, max_pending_kv_events, eviction_policy)
+    return coordinator_for(kv_cache_config, settings)
+
+
+def coordinator_for(kv_cache_config: KVCacheConfigLike, settings: KVCacheSettings
+                    ) -> KVCacheCoordinator:
+    """``get_kv_cache_coordinator`` for settings already checked."""
+    if not settings.enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(kv_cache_config, settings)
     if len(as_kv_cache_config(kv_cache_config).kv_cache_groups) == 1:
-        return UnitaryKVCacheCoordinator(
-            kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
-            dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
-            max_pending_kv_events=max_pending_kv_events,
-            eviction_policy=eviction_policy,
-        )
-    return HybridKVCacheCoordinator(
-        kv_cache_config, max_model_len, use_eagle, enable_caching, enable_kv_cache_events,
-        dcp_world_size, pcp_world_size, hash_block_size, metrics_collector,
-        max_pending_kv_events=max_pending_kv_events,
-        eviction_policy=eviction_policy,
-    )
+        return UnitaryKVCacheCoordinator(kv_cache_config, settings)
+    return HybridKVCacheCoordinator(kv_cache_config, settings)

@@ -12,7 +12,7 @@ Mirrors ``vllm/v1/kv_cache_interface.py`` of vLLM 0.13 (field names, class hiera
 * ``max_memory_usage_bytes`` takes vLLM's ``VllmConfig`` (read duck-typed: the model's
   ``max_model_len``, the scheduler's ``max_num_batched_tokens`` and
   ``max_num_encoder_input_tokens``, the context-parallel sizes) as vLLM's does, or those
-  lengths as integers; each kind's rule is ``kvspec.models.plan.request_blocks``.
+  lengths as integers; each kind's rule is ``kvspec.impl.kv_cache_sizing.request_blocks``.
 
 Sequences given to ``KVCacheTensor``, ``KVCacheGroupSpec`` and ``KVCacheConfig`` are stored as
 tuples. Bad values raise ``InvalidKVCacheSpec`` (a ``ValueError``) naming the value; specs that
@@ -36,7 +36,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from kvspec.models.plan import request_blocks
+from kvspec.impl.errors import (
+    InvalidKVCacheSpec,
+    KVCacheSpecMismatch,
+    UnsupportedKVCacheSpecType,
+    WindowSizeMismatch,
+)
+from kvspec.impl.kv_cache_sizing import request_blocks
 
 __all__ = [
     "DTYPE_SIZES",
@@ -69,25 +75,6 @@ __all__ = [
     "spec_is_a",
     "spec_kind",
 ]
-
-
-class InvalidKVCacheSpec(ValueError):
-    """A KV-cache spec or config field has a value no KV cache can have."""
-
-
-class KVCacheSpecMismatch(InvalidKVCacheSpec):
-    """Specs that cannot stand for one KV-cache group: different kinds or shapes (vLLM's
-    ``merge`` asserts)."""
-
-
-class WindowSizeMismatch(InvalidKVCacheSpec):
-    """Full-attention specs carrying different sliding windows or chunk sizes (vLLM's
-    ``merge_window_sizes`` raises ``ValueError``)."""
-
-
-class UnsupportedKVCacheSpecType(InvalidKVCacheSpec, NotImplementedError):
-    """A spec kind ``UniformTypeKVCacheSpecs`` has no rule for (vLLM raises
-    ``NotImplementedError``)."""
 
 
 # Bytes per element of every dtype a KV cache or a Mamba state uses, by canonical name.
@@ -272,7 +259,7 @@ class KVCacheSpec:
 
     block_size: int
 
-    # models.plan.request_blocks kind: how many blocks a request holds at its peak.
+    # kv_cache_sizing.request_blocks kind: how many blocks a request holds at its peak.
     _REQUEST_KIND: ClassVar[str] = "full"
 
     def __post_init__(self) -> None:

@@ -16,9 +16,9 @@ an ``InvalidManagerArgument``, naming the value):
   would free blocks the request still attends to.
 * cache hits (``new_computed_blocks``) are what ``get_computed_blocks`` gave for this request:
   per group ``num_new_computed_tokens`` tokens of blocks, each real one the block the pool has
-  cached under the request's hash at its position (``KVCacheCoordinator._check_hits``);
+  cached under the request's hash at its position (``KVCacheCoordinator.check_hits``);
 * what stage 5 reads to key blocks: enough block hashes, of bytes, and with KV events on,
-  token ids and a LoRA a ``BlockStored`` event can carry (``KVCacheCoordinator._check_keys``);
+  token ids and a LoRA a ``BlockStored`` event can carry (``KVCacheCoordinator.check_keys``);
 * ``request.num_tokens`` at most ``max_model_len`` (vLLM finishes a request there), so the
   tokens stage 5 keys never outrun the slots stage 4 gives.
 
@@ -36,36 +36,44 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol, SupportsIndex
 
 from mypy_extensions import mypyc_attr
 
 from kvspec.impl import host_types
-from kvspec.impl.errors import (
-    InvalidAllocationError as InvalidAllocationError,
-    InvalidManagerArgument as InvalidManagerArgument,
-    UnknownRequestError as UnknownRequestError,
-)
-from kvspec.impl.eviction import EvictionPolicy
-from kvspec.impl.hashing import BlockHash
-from kvspec.impl.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
-from kvspec.impl.kv_cache_interface import KVCacheConfigLike, as_kv_cache_config
-from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
-from kvspec.impl.kv_cache_utils import KVCacheBlock
-from kvspec.impl.kv_events import KVCacheEvent
-from kvspec.impl.request import Request as Request, RequestLike
-from kvspec.impl.single_type_kv_cache_manager import (
+from kvspec.impl.checks import (
     MAX_NUM_TOKENS,
-    InvalidKVCacheConfig,
-    KVCacheManagerError,
-    PrefixCachingNotSupported,
-    UnsupportedKVCacheSpec,
+    Flag,
+    Text,
+    as_int,
     block_hashes_of,
     check_count,
     check_flag,
     check_request_id,
     request_id_of,
 )
+from kvspec.impl.errors import (
+    InvalidAllocationError as InvalidAllocationError,
+    InvalidKVCacheConfig as InvalidKVCacheConfig,
+    InvalidManagerArgument as InvalidManagerArgument,
+    KVCacheManagerError as KVCacheManagerError,
+    PrefixCachingNotSupported as PrefixCachingNotSupported,
+    UnknownRequestError as UnknownRequestError,
+    UnsupportedKVCacheSpec as UnsupportedKVCacheSpec,
+)
+from kvspec.impl.eviction import EvictionPolicy
+from kvspec.impl.hashing import BlockHash
+from kvspec.impl.kv_cache_coordinator import (
+    KVCacheCoordinator,
+    KVCacheSettings,
+    check_settings,
+    coordinator_for,
+)
+from kvspec.impl.kv_cache_interface import KVCacheConfigLike, as_kv_cache_config
+from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
+from kvspec.impl.kv_cache_utils import KVCacheBlock
+from kvspec.impl.kv_events import KVCacheEvent
+from kvspec.impl.request import Request as Request, RequestLike
 from kvspec.impl.stats import PrefixCacheStats as PrefixCacheStats
 
 __all__ = [
@@ -81,6 +89,15 @@ __all__ = [
     "UnknownRequestError",
     "UnsupportedKVCacheSpec",
 ]
+
+
+class BlocksLike(Protocol):
+    """What ``allocate_slots`` and ``KVCacheBlocks.__add__`` take as blocks: a
+    ``KVCacheBlocks`` (checked in the method's check block; mypyc, which would refuse anything
+    else with a bare ``TypeError`` at the call, does not check a Protocol)."""
+
+    @property
+    def blocks(self) -> tuple[Sequence[KVCacheBlock], ...]: ...
 
 
 def _check_groups(blocks: object, what: str) -> tuple[Sequence[KVCacheBlock], ...]:
@@ -111,10 +128,11 @@ class KVCacheBlocks:
 
     blocks: tuple[Sequence[KVCacheBlock], ...]
 
-    def __init__(self, blocks: tuple[Sequence[KVCacheBlock], ...] | object) -> None:
+    def __init__(self, blocks: Sequence[Sequence[KVCacheBlock]]) -> None:
+        """``blocks``: a tuple of one list (or tuple) of blocks per KV-cache group."""
         self.blocks = _check_groups(blocks, "KVCacheBlocks")
 
-    def __add__(self, other: KVCacheBlocks | object) -> KVCacheBlocks:
+    def __add__(self, other: BlocksLike) -> KVCacheBlocks:
         if not isinstance(other, KVCacheBlocks):
             raise InvalidManagerArgument(f"cannot add {other!r} to KVCacheBlocks")
         if len(other.blocks) != len(self.blocks):
@@ -125,9 +143,10 @@ class KVCacheBlocks:
             tuple(list(chain(a, b)) for a, b in zip(self.blocks, other.blocks, strict=True))
         )
 
-    def get_block_ids(self, allow_none: bool | object = False) -> tuple[list[int], ...] | None:
+    def get_block_ids(self, allow_none: Flag = False) -> tuple[list[int], ...] | None:
         """Per group, the block ids; with ``allow_none``, None when every group is empty."""
-        if check_flag("allow_none", allow_none) and all(len(group) == 0 for group in self.blocks):
+        none_if_empty = check_flag("allow_none", allow_none)
+        if none_if_empty and all(len(group) == 0 for group in self.blocks):
             return None
         return tuple(_block_ids(group) for group in self.blocks)
 
@@ -146,22 +165,25 @@ class KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in self.blocks))
 
 
-def _refuse_allocation(max_model_len: int, num_new_tokens: object,
-                       num_new_computed_tokens: object, num_lookahead_tokens: object,
-                       num_encoder_tokens: object, delay_cache_blocks: object) -> NoReturn:
-    """The refusal of allocate_slots arguments that failed the one-line test."""
-    if type(num_new_tokens) is not int or not 0 < num_new_tokens <= max_model_len:
+def _allocation_counts(
+    max_model_len: int, num_new_tokens: object, num_new_computed_tokens: object,
+    num_lookahead_tokens: object, num_encoder_tokens: object, delay_cache_blocks: object,
+) -> tuple[int, int, int, int, bool]:
+    """The allocate_slots arguments that failed the one-line test for plain ints, as plain
+    ints (impl's integer rule: numpy integers too), or their refusal."""
+    new = as_int(num_new_tokens)
+    if new is None or not 0 < new <= max_model_len:
         raise InvalidAllocationError(
             f"num_new_tokens must be greater than 0 and at most max_model_len="
             f"{max_model_len}, got {num_new_tokens!r}")
-    check_count("num_new_computed_tokens", num_new_computed_tokens, max_model_len,
-                error=InvalidAllocationError)
-    check_count("num_lookahead_tokens", num_lookahead_tokens, max_model_len,
-                error=InvalidAllocationError)
-    check_count("num_encoder_tokens", num_encoder_tokens, MAX_NUM_TOKENS,
-                error=InvalidAllocationError)
-    check_flag("delay_cache_blocks", delay_cache_blocks, InvalidAllocationError)
-    raise AssertionError("unreachable: an argument failed the test above")
+    hits = check_count("num_new_computed_tokens", num_new_computed_tokens, max_model_len,
+                       error=InvalidAllocationError)
+    lookahead = check_count("num_lookahead_tokens", num_lookahead_tokens, max_model_len,
+                            error=InvalidAllocationError)
+    encoder = check_count("num_encoder_tokens", num_encoder_tokens, MAX_NUM_TOKENS,
+                          error=InvalidAllocationError)
+    delay = check_flag("delay_cache_blocks", delay_cache_blocks, InvalidAllocationError)
+    return new, hits, lookahead, encoder, delay
 
 
 def _refuse_request(request: object, max_model_len: int, error: type[InvalidManagerArgument],
@@ -196,46 +218,41 @@ class KVCacheManager:
     def __init__(
         self,
         kv_cache_config: KVCacheConfigLike,
-        max_model_len: int | object,
-        hash_block_size: int | object,
-        enable_caching: bool | object = True,
-        use_eagle: bool | object = False,
-        log_stats: bool | object = False,
-        enable_kv_cache_events: bool | object = False,
-        dcp_world_size: int | object = 1,
-        pcp_world_size: int | object = 1,
-        metrics_collector: KVCacheMetricsCollector | object | None = None,
+        max_model_len: SupportsIndex,
+        hash_block_size: SupportsIndex,
+        enable_caching: Flag = True,
+        use_eagle: Flag = False,
+        log_stats: Flag = False,
+        enable_kv_cache_events: Flag = False,
+        dcp_world_size: SupportsIndex = 1,
+        pcp_world_size: SupportsIndex = 1,
+        metrics_collector: KVCacheMetricsCollector | None = None,
         *,
-        strict_free: bool | object = False,
-        max_pending_kv_events: int | object | None = None,
-        eviction_policy: EvictionPolicy | object | None = None,
+        strict_free: Flag = False,
+        max_pending_kv_events: SupportsIndex | None = None,
+        eviction_policy: EvictionPolicy | None = None,
     ) -> None:
-        # The coordinator checks the config, the sizes and the other flags.
-        self.log_stats: bool = check_flag("log_stats", log_stats, InvalidKVCacheConfig)
-        self.strict_free: bool = check_flag("strict_free", strict_free, InvalidKVCacheConfig)
-        self.coordinator: KVCacheCoordinator = get_kv_cache_coordinator(
-            kv_cache_config=kv_cache_config,
-            max_model_len=max_model_len,
-            use_eagle=use_eagle,
-            enable_caching=enable_caching,
-            enable_kv_cache_events=enable_kv_cache_events,
-            dcp_world_size=dcp_world_size,
-            pcp_world_size=pcp_world_size,
-            hash_block_size=hash_block_size,
-            metrics_collector=metrics_collector,
-            max_pending_kv_events=max_pending_kv_events,
-            eviction_policy=eviction_policy,
-        )
-        coordinator = self.coordinator
-        self.max_model_len: int = coordinator.max_model_len
-        self.enable_caching: bool = coordinator.enable_caching
-        self.use_eagle: bool = coordinator.use_eagle
-        self.hash_block_size: int = coordinator.hash_block_size
+        # Checks: the manager's own flags, then the stack's settings, once (the coordinator
+        # checks the config against them when it is built).
+        stats_on = check_flag("log_stats", log_stats, InvalidKVCacheConfig)
+        strict = check_flag("strict_free", strict_free, InvalidKVCacheConfig)
+        settings = check_settings(max_model_len, use_eagle, enable_caching,
+                                  enable_kv_cache_events, dcp_world_size, pcp_world_size,
+                                  hash_block_size, metrics_collector, max_pending_kv_events,
+                                  eviction_policy)
+        self.log_stats: bool = stats_on
+        self.strict_free: bool = strict
+        self.settings: KVCacheSettings = settings
+        self.coordinator: KVCacheCoordinator = coordinator_for(kv_cache_config, settings)
+        self.max_model_len: int = settings.max_model_len
+        self.enable_caching: bool = settings.enable_caching
+        self.use_eagle: bool = settings.use_eagle
+        self.hash_block_size: int = settings.hash_block_size
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = len(as_kv_cache_config(kv_cache_config).kv_cache_groups)
         self.block_pool = self.coordinator.block_pool
         self.prefix_cache_stats: PrefixCacheStats | None = (
-            host_types.PrefixCacheStats() if log_stats else None
+            host_types.PrefixCacheStats() if stats_on else None
         )
         # Compared by identity: "no cache hits" (the GC-friendly shared empty result).
         self.empty_kv_cache_blocks = KVCacheBlocks(
@@ -307,9 +324,8 @@ class KVCacheManager:
                     f"request {request_id!r}: num_preemptions must be an int >= 0, "
                     f"got {num_preemptions!r}")
             preempted = num_preemptions > 0
-        computed_blocks, num_new_computed_tokens = self.coordinator._find_longest_cache_hit(
-            block_hashes, num_tokens - 1
-        )
+        computed_blocks, num_new_computed_tokens = (
+            self.coordinator.find_longest_cache_hit_unchecked(block_hashes, num_tokens - 1))
         if stats is not None:
             stats.record(num_tokens=num_tokens, num_hits=num_new_computed_tokens,
                          preempted=preempted)
@@ -325,12 +341,12 @@ class KVCacheManager:
     def allocate_slots(
         self,
         request: RequestLike,
-        num_new_tokens: int | object,
-        num_new_computed_tokens: int | object = 0,
-        new_computed_blocks: KVCacheBlocks | object | None = None,
-        num_lookahead_tokens: int | object = 0,
-        delay_cache_blocks: bool | object = False,
-        num_encoder_tokens: int | object = 0,
+        num_new_tokens: SupportsIndex,
+        num_new_computed_tokens: SupportsIndex = 0,
+        new_computed_blocks: BlocksLike | None = None,
+        num_lookahead_tokens: SupportsIndex = 0,
+        delay_cache_blocks: Flag = False,
+        num_encoder_tokens: SupportsIndex = 0,
     ) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead slots),
         after attaching the cache hits ``new_computed_blocks``; return the new blocks, or None
@@ -342,20 +358,27 @@ class KVCacheManager:
                        |<------- needs slots -------->|   (at most max_model_len in all)
             |<----- cached when full ----->|
         """
+        # -- checks: every argument, the request and its hits; nothing changes before the
+        # capacity count below. One test per argument on the path every call takes (plain
+        # ints in range); _allocation_counts converts numpy integers, or refuses, naming.
         max_model_len = self.max_model_len
-        # One test per argument on the path every call takes; _refuse_allocation says which.
-        if (type(num_new_tokens) is not int or not 0 < num_new_tokens <= max_model_len
-                or type(num_new_computed_tokens) is not int
-                or not 0 <= num_new_computed_tokens <= max_model_len
-                or type(num_lookahead_tokens) is not int
-                or not 0 <= num_lookahead_tokens <= max_model_len
-                or type(num_encoder_tokens) is not int
-                or not 0 <= num_encoder_tokens <= MAX_NUM_TOKENS
-                or type(delay_cache_blocks) is not bool):
-            _refuse_allocation(max_model_len, num_new_tokens, num_new_computed_tokens,
-                               num_lookahead_tokens, num_encoder_tokens, delay_cache_blocks)
-        num_hit_tokens, num_lookahead = num_new_computed_tokens, num_lookahead_tokens
-        num_encoder, delay = num_encoder_tokens, delay_cache_blocks
+        if (type(num_new_tokens) is int and 0 < num_new_tokens <= max_model_len
+                and type(num_new_computed_tokens) is int
+                and 0 <= num_new_computed_tokens <= max_model_len
+                and type(num_lookahead_tokens) is int
+                and 0 <= num_lookahead_tokens <= max_model_len
+                and type(num_encoder_tokens) is int
+                and 0 <= num_encoder_tokens <= MAX_NUM_TOKENS
+                and type(delay_cache_blocks) is bool):
+            num_new = num_new_tokens
+            num_hit_tokens = num_new_computed_tokens
+            num_lookahead = num_lookahead_tokens
+            num_encoder = num_encoder_tokens
+            delay = delay_cache_blocks
+        else:
+            num_new, num_hit_tokens, num_lookahead, num_encoder, delay = _allocation_counts(
+                max_model_len, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
+                num_encoder_tokens, delay_cache_blocks)
         coordinator = self.coordinator
         if num_encoder and not coordinator.has_cross_attention:
             raise InvalidAllocationError(
@@ -374,7 +397,7 @@ class KVCacheManager:
             _refuse_request(request, max_model_len, InvalidAllocationError,
                             "num_computed_tokens")
         if num_computed:  # 0 computed tokens need no slot
-            coordinator._check_computed_tokens(request_id, "num_computed_tokens", num_computed,
+            coordinator.check_computed_tokens(request_id, "num_computed_tokens", num_computed,
                                               InvalidAllocationError)
         empty = self.empty_kv_cache_blocks.blocks
         if new_computed_blocks is None or new_computed_blocks is self.empty_kv_cache_blocks:
@@ -388,43 +411,43 @@ class KVCacheManager:
                 f"{request_id!r} brings none")
         num_computed_tokens = num_computed + num_hit_tokens
         num_tokens_need_slot = min(
-            num_computed_tokens + num_new_tokens + num_lookahead, max_model_len
+            num_computed_tokens + num_new + num_lookahead, max_model_len
         )
-        num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, num_tokens)
+        num_tokens_to_cache = min(num_computed_tokens + num_new, num_tokens)
         caching_now = self.enable_caching and not delay
         if caching_now:
-            coordinator._check_keys(request, request_id, num_tokens_to_cache, num_hit_tokens,
+            coordinator.check_keys(request, request_id, num_tokens_to_cache, num_hit_tokens,
                                    InvalidAllocationError)
 
-        # Stage 2 first: count, change nothing. The bound that takes every hit for a free
-        # block settles most calls without reading a ref count.
+        # -- the call. Stage 2 first: count, change nothing. The bound that takes every hit
+        # for a free block settles most calls without reading a ref count.
         num_free = self.block_pool.get_num_free_blocks()
-        if coordinator._max_num_blocks_to_allocate(
+        if coordinator.get_max_num_blocks_to_allocate_unchecked(
             request_id, num_tokens_need_slot, new_computed, num_encoder
         ) > num_free:
-            num_blocks_to_allocate = coordinator._num_blocks_to_allocate(
+            num_blocks_to_allocate = coordinator.get_num_blocks_to_allocate_unchecked(
                 request_id, num_tokens_need_slot, new_computed, num_encoder
             )
             if num_blocks_to_allocate > num_free and num_blocks_to_allocate > num_free + (
-                coordinator._num_blocks_freed_by_skip(request_id, num_computed)
+                coordinator.num_blocks_freed_by_skip_unchecked(request_id, num_computed)
             ):
                 return None
 
         # Stage 1: blocks that slid out of the window go back to the pool.
         self._evicting_calls += 1
-        coordinator._remove_skipped_blocks(request_id, num_computed)
+        coordinator.remove_skipped_blocks_unchecked(request_id, num_computed)
         # Stage 3: attach the cache hits.
         if new_computed is not empty:
             if self.enable_caching:
                 self.block_pool.touch(new_computed)
-            coordinator._save_new_computed_blocks(request_id, new_computed)
+            coordinator.save_new_computed_blocks_unchecked(request_id, new_computed)
         # Stage 4: new blocks.
-        new_blocks = coordinator._allocate_new_blocks(
+        new_blocks = coordinator.allocate_new_blocks_unchecked(
             request_id, num_tokens_need_slot, num_encoder
         )
         # Stage 5: key the blocks that are full now (never lookahead/draft tokens).
         if caching_now:
-            coordinator._cache_blocks(request, num_tokens_to_cache)
+            coordinator.cache_blocks_unchecked(request, num_tokens_to_cache)
         return self._blocks_result(new_blocks)
 
     def _checked_hits(
@@ -445,7 +468,7 @@ class KVCacheManager:
                 and last[3] == request_id and last[5] == num_hit_tokens < num_tokens
                 and last[6] == self._evicting_calls
                 and getattr(request, "block_hashes", None) is last[4] and last[2] == groups
-                and not self.coordinator._has_blocks(request_id)):
+                and not self.coordinator.has_blocks_unchecked(request_id)):
             return groups
         if type(groups) is not tuple:
             raise InvalidAllocationError(
@@ -466,7 +489,7 @@ class KVCacheManager:
             raise InvalidAllocationError(
                 f"request {request_id!r} brings cache hits but prefix caching is off"
             )
-        if self.coordinator._has_blocks(request_id):
+        if self.coordinator.has_blocks_unchecked(request_id):
             raise InvalidAllocationError(
                 f"request {request_id!r} already holds blocks and cannot take cache hits"
             )
@@ -474,7 +497,7 @@ class KVCacheManager:
             raise InvalidAllocationError(
                 f"num_new_computed_tokens={num_hit_tokens}: cache hits must leave at least the "
                 f"last of the {num_tokens} tokens of request {request_id!r} to compute")
-        self.coordinator._check_hits(block_hashes_of(request, InvalidAllocationError), groups,
+        self.coordinator.check_hits(block_hashes_of(request, InvalidAllocationError), groups,
                                     num_hit_tokens, InvalidAllocationError)
         return groups
 
@@ -483,17 +506,17 @@ class KVCacheManager:
         request_id: Any = getattr(request, "request_id", None)
         if type(request_id) is not str:
             request_id_of(request)  # refuses it, naming it
-        if self.strict_free and not self.coordinator._has_blocks(request_id):
+        if self.strict_free and not self.coordinator.has_blocks_unchecked(request_id):
             raise UnknownRequestError(f"the manager holds no blocks for request {request_id!r}")
-        self.coordinator._free(request_id)
+        self.coordinator.free_unchecked(request_id)
 
-    def cache_blocks(self, request: RequestLike, num_computed_tokens: int | object) -> None:
+    def cache_blocks(self, request: RequestLike, num_computed_tokens: SupportsIndex) -> None:
         """Key the request's blocks that ``num_computed_tokens`` tokens fill (checked as the
         coordinator's ``cache_blocks`` checks, also with prefix caching off)."""
-        count = self.coordinator._check_cacheable(request, num_computed_tokens,
+        count = self.coordinator.check_cacheable(request, num_computed_tokens,
                                                  self.max_model_len)
         if self.enable_caching:
-            self.coordinator._cache_blocks(request, count)
+            self.coordinator.cache_blocks_unchecked(request, count)
 
     # -- prefix cache --------------------------------------------------------------------
 
@@ -506,29 +529,29 @@ class KVCacheManager:
             self.prefix_cache_stats.reset = True
         return True
 
-    def evict_blocks(self, block_ids: set[int] | object) -> None:
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
         self._evicting_calls += 1
         self.block_pool.evict_blocks(block_ids)
 
     # -- eviction policy (impl/eviction.py): the pool's, by block id ---------------------
 
-    def advance_clock(self, now: int | object) -> None:
+    def advance_clock(self, now: SupportsIndex) -> None:
         """The policies' time moves to ``now``: expired retention priorities revert."""
         self.block_pool.advance_clock(now)
 
-    def set_retention(self, block_ids: Iterable[int] | object, priority: int | object,
-                      duration: int | object | None = None) -> None:
+    def set_retention(self, block_ids: Iterable[int], priority: SupportsIndex,
+                      duration: SupportsIndex | None = None) -> None:
         """Retention priority of cached blocks (``priority`` policy)."""
         self.block_pool.set_retention(block_ids, priority, duration)
 
-    def pin_blocks(self, block_ids: Iterable[int] | object) -> None:
+    def pin_blocks(self, block_ids: Iterable[int]) -> None:
         """Pin cached blocks (``pinned`` policy): never evicted while pinned."""
         self.block_pool.pin_blocks(block_ids)
 
-    def unpin_blocks(self, block_ids: Iterable[int] | object) -> None:
+    def unpin_blocks(self, block_ids: Iterable[int]) -> None:
         self.block_pool.unpin_blocks(block_ids)
 
-    def get_num_common_prefix_blocks(self, running_request_id: str | object) -> list[int]:
+    def get_num_common_prefix_blocks(self, running_request_id: Text) -> list[int]:
         """Per group, the leading blocks every running request shares (0s for an id that
         holds no blocks)."""
         return self.coordinator.get_num_common_prefix_blocks(running_request_id)
@@ -538,17 +561,19 @@ class KVCacheManager:
 
     # -- views ---------------------------------------------------------------------------
 
-    def get_blocks(self, request_id: str | object) -> KVCacheBlocks:
-        return self._blocks_result(self.coordinator._get_blocks(check_request_id(request_id)))
+    def get_blocks(self, request_id: Text) -> KVCacheBlocks:
+        checked_id = check_request_id(request_id)
+        return self._blocks_result(self.coordinator.get_blocks_unchecked(checked_id))
 
-    def get_block_ids(self, request_id: str | object) -> tuple[list[int], ...]:
+    def get_block_ids(self, request_id: Text) -> tuple[list[int], ...]:
+        checked_id = check_request_id(request_id)
         return tuple(
             [block.block_id for block in group]
-            for group in self.coordinator._get_blocks(check_request_id(request_id))
+            for group in self.coordinator.get_blocks_unchecked(checked_id)
         )
 
     def create_kv_cache_blocks(
-        self, blocks: tuple[Sequence[KVCacheBlock], ...] | object
+        self, blocks: Sequence[Sequence[KVCacheBlock]]
     ) -> KVCacheBlocks:
         """``KVCacheBlocks(blocks)``, or the shared empty one when every group is empty."""
         groups = _check_groups(blocks, "blocks")

@@ -12,10 +12,11 @@ The clock and the random source are vLLM's by default, looked up when they are r
 vLLM. Both are also injectable (``clock=``, ``rng=``) for deterministic tests.
 
 Bad input is refused with ``InvalidMetricsArgumentError`` (a ``ValueError``) before anything
-changes, and before a random number is drawn: a block is anything with an int ``block_id``
->= 0 (impl's blocks, vLLM's, a test's stand-in); a batch of ids is read whole and checked
-first. A clock is trusted to return int nanoseconds: it is not called to check it, since
-that would take a reading from a patched or fake clock.
+changes, and before a random number is drawn: a block is anything with an integer
+``block_id`` >= 0 (impl's blocks, vLLM's, a test's stand-in); a batch of ids is read whole
+and checked first. Integers follow impl's one rule (impl/checks.py): an int or a numpy
+integer, never a bool. A clock is trusted to return int nanoseconds: it is not called to
+check it, since that would take a reading from a patched or fake clock.
 """
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import pairwise
-from typing import Protocol
+from typing import Protocol, SupportsIndex
 
 from kvspec.impl import host_types
+from kvspec.impl.checks import BlockLike, as_int
+from kvspec.impl.errors import (
+    InvalidMetricsArgumentError as InvalidMetricsArgumentError,
+    InvalidSampleRateError as InvalidSampleRateError,
+)
 from kvspec.impl.stats import KVCacheEvictionEvent as KVCacheEvictionEvent
 
 __all__ = [
@@ -37,20 +43,13 @@ __all__ = [
     "InvalidSampleRateError",
     "KVCacheEvictionEvent",
     "KVCacheMetricsCollector",
+    "MetricsCollectorLike",
 ]
 
 _NS_PER_SECOND = 1e9
 _ACCESS_HISTORY_LENGTH = 4
 
 Clock = Callable[[], int]
-
-
-class InvalidSampleRateError(ValueError):
-    """A sample rate outside (0, 1] (vLLM asserts instead)."""
-
-
-class InvalidMetricsArgumentError(ValueError):
-    """Not a block, not a block id, or a clock or random source that cannot be called."""
 
 
 def _not_a_block(block: object) -> InvalidMetricsArgumentError:
@@ -63,15 +62,17 @@ def _block_id(block: object) -> int:
         block_id = block.block_id  # type: ignore[attr-defined]
     except AttributeError:
         raise _not_a_block(block) from None
-    if type(block_id) is not int or block_id < 0:
+    checked = block_id if type(block_id) is int else as_int(block_id)
+    if checked is None or checked < 0:
         raise _not_a_block(block)
-    return block_id
+    return checked
 
 
 def _check_block_id(block_id: object) -> int:
-    if type(block_id) is not int or block_id < 0:
+    checked = block_id if type(block_id) is int else as_int(block_id)
+    if checked is None or checked < 0:
         raise InvalidMetricsArgumentError(f"a block id must be an int >= 0, got {block_id!r}")
-    return block_id
+    return checked
 
 
 def _block_ids(block_ids: object) -> list[int]:
@@ -85,8 +86,7 @@ def _block_ids(block_ids: object) -> list[int]:
     ids = list(iterator)
     # A type count and a min at C speed; the loop only finds the culprit.
     if list(map(type, ids)).count(int) != len(ids) or (ids and min(ids) < 0):
-        for block_id in ids:
-            _check_block_id(block_id)
+        return [_check_block_id(block_id) for block_id in ids]
     return ids
 
 
@@ -107,9 +107,17 @@ def _shared_random() -> float:
     return random.random()
 
 
-class _HasBlockId(Protocol):
-    @property
-    def block_id(self) -> int: ...
+class MetricsCollectorLike(Protocol):
+    """What a block pool calls on its metrics collector (this module's
+    ``KVCacheMetricsCollector``, or vLLM's: the pool takes either)."""
+
+    def on_block_allocated(self, block: BlockLike) -> None: ...
+
+    def on_block_accessed(self, block: BlockLike) -> None: ...
+
+    def on_block_evicted(self, block: BlockLike) -> None: ...
+
+    def reset(self) -> None: ...
 
 
 class BlockMetricsState:
@@ -175,12 +183,12 @@ class KVCacheMetricsCollector:
     def should_sample_block(self) -> bool:
         return self._random() < self.sample_rate
 
-    def on_block_allocated(self, block: _HasBlockId | object) -> None:
+    def on_block_allocated(self, block: BlockLike) -> None:
         block_id = _block_id(block)
         if self._random() < self.sample_rate:
             self.block_metrics[block_id] = BlockMetricsState(self._clock)
 
-    def on_blocks_allocated(self, block_ids: Iterable[int] | object) -> None:
+    def on_blocks_allocated(self, block_ids: Iterable[SupportsIndex]) -> None:
         """``on_block_allocated`` for many blocks by id: the same draws, in the same order."""
         ids = _block_ids(block_ids)
         draw = self._random
@@ -189,12 +197,12 @@ class KVCacheMetricsCollector:
             if draw() < rate:
                 self.block_metrics[block_id] = BlockMetricsState(self._clock)
 
-    def on_block_accessed(self, block: _HasBlockId | object) -> None:
+    def on_block_accessed(self, block: BlockLike) -> None:
         state = self.block_metrics.get(_block_id(block))
         if state is not None:
             state.record_access()
 
-    def on_blocks_accessed(self, block_ids: Iterable[int] | object) -> None:
+    def on_blocks_accessed(self, block_ids: Iterable[SupportsIndex]) -> None:
         """``on_block_accessed`` for many blocks by id."""
         ids = _block_ids(block_ids)
         metrics = self.block_metrics
@@ -205,10 +213,10 @@ class KVCacheMetricsCollector:
             if state is not None:
                 state.record_access()
 
-    def on_block_evicted(self, block: _HasBlockId | object) -> None:
+    def on_block_evicted(self, block: BlockLike) -> None:
         self._evicted(_block_id(block))
 
-    def on_block_id_evicted(self, block_id: int | object) -> None:
+    def on_block_id_evicted(self, block_id: SupportsIndex) -> None:
         """``on_block_evicted`` by id: stop tracking the block and report its residency."""
         self._evicted(_check_block_id(block_id))
 

@@ -14,9 +14,10 @@ One place for the arithmetic
 ----------------------------
 Page-size unification, the split of layers into groups, tensor sharing, block counts, a
 request's blocks per layer kind, the binary search of ``estimate_max_model_len`` and the
-concurrency figure are ``kvspec.models.plan``'s (``kvspec plan`` runs the same code on a
-model's layout); each spec kind's request size is its ``max_memory_usage_bytes``, which for
-impl's specs is ``models.plan.request_blocks``. This module adapts vLLM's objects to them.
+concurrency figure are ``kvspec.impl.kv_cache_sizing``'s (``kvspec plan`` runs the same code
+on a model's layout, through ``kvspec.models.plan``); each spec kind's request size is its
+``max_memory_usage_bytes``, which for impl's specs is ``kv_cache_sizing.request_blocks``. This
+module adapts vLLM's objects to them.
 
 Whose objects come out
 ----------------------
@@ -68,14 +69,24 @@ from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from kvspec.impl import kv_cache_interface as _interface
+from kvspec.impl.errors import (
+    EmptyKVCacheGroups,
+    HybridKVCacheSpecsNotUnifiable,
+    InconsistentLayerSpec,
+    InconsistentNumBlocks,
+    InsufficientKVCacheMemory,
+    InvalidPlanArgument,
+    KVCachePlanningError,
+    NonUniformPageSize,
+    PageSizeNotUnifiable,
+    UnknownLayerError,
+)
 from kvspec.impl.kv_cache_interface import (
     KVCacheSpecMismatch,
     UniformTypeKVCacheSpecs,
     spec_is_a,
 )
-from kvspec.models.plan import (
-    InvalidPlanArgument,
-    PageSizeNotUnifiable,
+from kvspec.impl.kv_cache_sizing import (
     longest_fitting,
     max_concurrency,
     num_blocks_for,
@@ -102,6 +113,9 @@ __all__ = [
     "get_kv_cache_config_from_groups",
     "get_kv_cache_configs",
     "get_kv_cache_groups",
+    "get_kv_cache_groups_uniform_page_size",
+    "get_kv_cache_groups_uniform_spec",
+    "get_kv_cache_groups_uniform_type",
     "get_max_concurrency_for_kv_cache_config",
     "get_num_blocks",
     "get_uniform_page_size",
@@ -110,6 +124,7 @@ __all__ = [
     "is_kv_cache_type_attention_free",
     "max_memory_usage_bytes",
     "may_override_num_blocks",
+    "report_kv_cache_config",
     "unify_hybrid_kv_cache_specs",
     "unify_kv_cache_spec_page_size",
 ]
@@ -118,56 +133,6 @@ logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
 _MEMORY_DOCS = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
-
-
-class KVCachePlanningError(ValueError):
-    """A KV-cache plan that cannot be made from these specs, configs or memory sizes."""
-
-
-class InsufficientKVCacheMemory(KVCachePlanningError):
-    """A worker's memory cannot hold the KV cache of one request of ``max_model_len`` tokens.
-    ``needed_bytes`` and ``estimated_max_model_len`` (0: not even one token) say by how
-    much; both are None when there is no memory at all."""
-
-    def __init__(
-        self,
-        message: str,
-        available_bytes: int,
-        needed_bytes: int | None = None,
-        estimated_max_model_len: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.available_bytes = available_bytes
-        self.needed_bytes = needed_bytes
-        self.estimated_max_model_len = estimated_max_model_len
-
-
-class HybridKVCacheSpecsNotUnifiable(KVCachePlanningError):
-    """The hybrid KV-cache manager is off, but the layers' specs cannot become one type."""
-
-
-class InconsistentLayerSpec(KVCachePlanningError):
-    """Two workers give one layer different specs (vLLM asserts)."""
-
-
-class NonUniformPageSize(KVCachePlanningError):
-    """Specs that must share one page size do not (vLLM asserts)."""
-
-
-class InconsistentNumBlocks(KVCachePlanningError):
-    """Workers' KV-cache configs with different block counts (vLLM asserts)."""
-
-
-class EmptyKVCacheGroups(KVCachePlanningError):
-    """KV-cache groups without layers where a layer is needed (vLLM asserts or fails on an
-    empty list)."""
-
-
-class UnknownLayerError(KeyError):
-    """A group names a layer that has no KV-cache spec (a ``KeyError``, as in vLLM)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 # ---------------------------------------------------------------------- the caller's classes
@@ -486,18 +451,18 @@ def create_kv_cache_group_specs(
     return groups
 
 
-def _get_kv_cache_groups_uniform_spec(kv_cache_specs: Mapping[str, Any]) -> list[Any]:
+def get_kv_cache_groups_uniform_spec(kv_cache_specs: Mapping[str, Any]) -> list[Any]:
     """All layers (one mergeable spec) in a single group."""
     return create_kv_cache_group_specs(kv_cache_specs, [list(kv_cache_specs)])
 
 
-def _get_kv_cache_groups_uniform_type(spec: Any) -> list[Any]:
+def get_kv_cache_groups_uniform_type(spec: Any) -> list[Any]:
     """All layers of a ``UniformTypeKVCacheSpecs`` in a single group."""
     return [_family_class(spec, "KVCacheGroupSpec")(list(spec.kv_cache_specs), spec)]
 
 
-def _get_kv_cache_groups_uniform_page_size(kv_cache_spec: Mapping[str, Any]) -> list[Any]:
-    """Layers whose pages have one size, grouped as vLLM does (``models.plan``,
+def get_kv_cache_groups_uniform_page_size(kv_cache_spec: Mapping[str, Any]) -> list[Any]:
+    """Layers whose pages have one size, grouped as vLLM does (``kv_cache_sizing``,
     ``split_into_groups``): groups of equal spec and near-equal size, padded where a kind's
     layer count is not a multiple of the group size."""
     split = split_into_groups(list(kv_cache_spec.items()))
@@ -531,7 +496,7 @@ def _uniform_type_spec(kv_cache_spec: Mapping[str, Any]) -> Any:
 def get_kv_cache_groups(vllm_config: object, kv_cache_spec: MutableMapping[str, Any]) -> list[Any]:
     """The model's KV-cache groups: none for an attention-free model; one for one spec, or for
     one type of layers with different shapes (``UniformTypeKVCacheSpecs``); else groups of
-    one page size (``_get_kv_cache_groups_uniform_page_size``). With
+    one page size (``get_kv_cache_groups_uniform_page_size``). With
     ``scheduler_config.disable_hybrid_kv_cache_manager`` the specs are first made one type, in
     ``kv_cache_spec`` itself (``unify_hybrid_kv_cache_specs``)."""
     if _config_value(vllm_config, "scheduler_config", "disable_hybrid_kv_cache_manager", False):
@@ -539,11 +504,11 @@ def get_kv_cache_groups(vllm_config: object, kv_cache_spec: MutableMapping[str, 
     if is_kv_cache_type_attention_free(kv_cache_spec):
         return []
     if is_kv_cache_spec_uniform(kv_cache_spec):
-        return _get_kv_cache_groups_uniform_spec(kv_cache_spec)
+        return get_kv_cache_groups_uniform_spec(kv_cache_spec)
     uniform_type = _uniform_type_spec(kv_cache_spec)
     if uniform_type is not None:
-        return _get_kv_cache_groups_uniform_type(uniform_type)
-    return _get_kv_cache_groups_uniform_page_size(unify_kv_cache_spec_page_size(kv_cache_spec))
+        return get_kv_cache_groups_uniform_type(uniform_type)
+    return get_kv_cache_groups_uniform_page_size(unify_kv_cache_spec_page_size(kv_cache_spec))
 
 
 # ---------------------------------------------------------------------- configs
@@ -600,7 +565,7 @@ def _with_num_blocks(kv_cache_config: Any, num_blocks: int) -> Any:
     return dataclasses.replace(kv_cache_config, num_blocks=num_blocks, kv_cache_tensors=tensors)
 
 
-def _report_kv_cache_config(vllm_config: object, kv_cache_config: Any) -> None:
+def report_kv_cache_config(vllm_config: object, kv_cache_config: Any) -> None:
     """Log the KV-cache size in tokens and the concurrency at ``max_model_len``."""
     groups = kv_cache_config.kv_cache_groups
     min_block_size = min(group.kv_cache_spec.block_size for group in groups)
@@ -664,7 +629,7 @@ def get_kv_cache_configs(
     configs = [_with_num_blocks(config, fewest) for config in configs]
     for config in configs:
         if config.kv_cache_groups:
-            _report_kv_cache_config(vllm_config, config)
+            report_kv_cache_config(vllm_config, config)
     return configs
 
 

@@ -24,9 +24,12 @@ The order is exactly the linked list's: head first, appends at the tail, removal
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import SupportsIndex
+
+from mypy_extensions import mypyc_attr
 
 from kvspec.impl import hashing as _hashing
+from kvspec.impl.checks import BlockLike, Flag, HashBytes, as_int
 from kvspec.impl.errors import (
     BlockAlreadyCachedError,
     BlockNotFreeError as BlockNotFreeError,
@@ -56,10 +59,6 @@ from kvspec.impl.hashing import (
 # vLLM 0.13's planning functions (and the private ones its tests call), kept in a module that
 # is not compiled: they run once at start-up on the caller's objects.
 from kvspec.impl.kv_cache_planning import (
-    _get_kv_cache_groups_uniform_page_size as _get_kv_cache_groups_uniform_page_size,
-    _get_kv_cache_groups_uniform_spec as _get_kv_cache_groups_uniform_spec,
-    _get_kv_cache_groups_uniform_type as _get_kv_cache_groups_uniform_type,
-    _report_kv_cache_config as _report_kv_cache_config,
     check_enough_kv_cache_memory,
     create_kv_cache_group_specs,
     estimate_max_model_len,
@@ -67,6 +66,9 @@ from kvspec.impl.kv_cache_planning import (
     get_kv_cache_config_from_groups,
     get_kv_cache_configs,
     get_kv_cache_groups,
+    get_kv_cache_groups_uniform_page_size as _get_kv_cache_groups_uniform_page_size,  # noqa: F401
+    get_kv_cache_groups_uniform_spec as _get_kv_cache_groups_uniform_spec,  # noqa: F401
+    get_kv_cache_groups_uniform_type as _get_kv_cache_groups_uniform_type,  # noqa: F401
     get_max_concurrency_for_kv_cache_config,
     get_num_blocks,
     get_uniform_page_size,
@@ -75,12 +77,10 @@ from kvspec.impl.kv_cache_planning import (
     is_kv_cache_type_attention_free,
     max_memory_usage_bytes,
     may_override_num_blocks,
+    report_kv_cache_config as _report_kv_cache_config,  # noqa: F401
     unify_hybrid_kv_cache_specs,
     unify_kv_cache_spec_page_size,
 )
-
-if TYPE_CHECKING:
-    from kvspec.impl.block_pool import BlockPool
 
 BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
 
@@ -91,6 +91,7 @@ __all__ = [
     "BlockHashListWithBlockSize",
     "BlockHashWithGroupId",
     "BlockNotFreeError",
+    "BlockOwner",
     "ExternalBlockHash",
     "FreeKVCacheBlockQueue",
     "InvalidFreeQueueArgument",
@@ -152,30 +153,67 @@ def _blocks_argument(blocks: object) -> list[KVCacheBlock]:
     return listed  # type: ignore[return-value]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # BlockPool subclasses it, and forks BlockPool
+class BlockOwner:
+    """What a block made by a pool reads of that pool: the seam between ``KVCacheBlock`` and
+    ``BlockPool`` (impl/block_pool.py), which implements it. This module does not import the
+    pool: the pool sits above it.
+
+    A pool's block is a thin handle whose ``owner`` is the pool: its ref count, its key and
+    whether it is queued are the pool's, read through these members on every ``ref_cnt`` and
+    ``block_hash`` read. It is a compiled base class rather than a ``typing.Protocol`` because
+    the managers read ``ref_cnt`` per block on their hot paths: mypyc calls a base class's
+    method through its vtable, a Protocol's by name (some 30 ns more per call, measured).
+    """
+
+    free_block_queue: FreeKVCacheBlockQueue
+    """The owner's free queue: its blocks of ref count 0, but the null block."""
+
+    def ref_count(self, block: BlockLike) -> int:
+        """The ref count of one of the owner's blocks (``BlockNotInPoolError`` for any other)."""
+        raise NotImplementedError
+
+    def block_hash_of(self, block: BlockLike) -> BlockHashWithGroupId | None:
+        """The key one of the owner's blocks is cached under (hash + 4-byte group id), None if
+        it has none (``BlockNotInPoolError`` for any other block)."""
+        raise NotImplementedError
+
+
+def _field_int(name: str, value: object) -> int:
+    """An integer field of a block (``as_int``: an int or a numpy integer, never a bool)."""
+    number = value if type(value) is int else as_int(value)
+    if number is None:
+        raise InvalidBlockFieldError(f"{name} must be an int, got {value!r}")
+    return number
+
+
 class KVCacheBlock:
     """One KV-cache block's metadata.
 
     A block made by a ``BlockPool`` is a thin handle: its ref count and hash are read from
     the pool, which owns them. A block made directly (``KVCacheBlock(3)``) keeps its own,
     as vLLM's dataclass does.
+
+    Two fields are the owning pool's, written by it alone (the ``BlockOwner`` seam):
+    ``owner``, the pool that made the block (None for a block made directly), and
+    ``extra_refs``, the block's ref count minus 1 while the pool's block is shared (0
+    otherwise). Everyone else reads a block through vLLM's fields.
     """
 
-    __slots__ = ("_block_hash", "_extra_refs", "_next", "_pool", "_prev", "_queue", "_ref_cnt",
-                 "block_id", "is_null")
+    __slots__ = ("_block_hash", "_next", "_prev", "_queue", "_ref_cnt", "block_id",
+                 "extra_refs", "is_null", "owner")
 
     def __init__(
         self,
-        block_id: int | object,
-        ref_cnt: int | object = 0,
-        _block_hash: BlockHashWithGroupId | object | None = None,
-        prev_free_block: KVCacheBlock | object | None = None,
-        next_free_block: KVCacheBlock | object | None = None,
-        is_null: bool | object = False,
+        block_id: SupportsIndex,
+        ref_cnt: SupportsIndex = 0,
+        _block_hash: HashBytes | None = None,
+        prev_free_block: BlockLike | None = None,
+        next_free_block: BlockLike | None = None,
+        is_null: Flag = False,
     ) -> None:
-        if type(block_id) is not int:
-            raise InvalidBlockFieldError(f"block_id must be an int, got {block_id!r}")
-        if type(ref_cnt) is not int:
-            raise InvalidBlockFieldError(f"ref_cnt must be an int, got {ref_cnt!r}")
+        checked_id = block_id if type(block_id) is int else _field_int("block_id", block_id)
+        checked_refs = ref_cnt if type(ref_cnt) is int else _field_int("ref_cnt", ref_cnt)
         if _block_hash is not None and type(_block_hash) is not bytes:
             raise InvalidBlockFieldError(f"a block hash must be bytes, got {_block_hash!r}")
         for link in (prev_free_block, next_free_block):
@@ -183,54 +221,40 @@ class KVCacheBlock:
                 raise InvalidBlockFieldError(f"a free-list link must be a block, got {link!r}")
         if type(is_null) is not bool:
             raise InvalidBlockFieldError(f"is_null must be a bool, got {is_null!r}")
-        self.block_id: int = block_id
-        self._ref_cnt: int = ref_cnt
+        self.block_id: int = checked_id
+        self._ref_cnt: int = checked_refs
         self._block_hash: BlockHashWithGroupId | None = _block_hash  # type: ignore[assignment]
         self.is_null: bool = is_null
-        self._pool: BlockPool | None = None
-        self._extra_refs = 0  # a pool block's ref count minus 1, while it is shared
+        self.owner: BlockOwner | None = None
+        self.extra_refs = 0  # a pool block's ref count minus 1, while it is shared
         # A block outside any free queue keeps the pointers it was given (vLLM's fields);
         # inside one, they are read from the queue (see prev_free_block).
         self._prev: KVCacheBlock | None = prev_free_block  # type: ignore[assignment]
         self._next: KVCacheBlock | None = next_free_block  # type: ignore[assignment]
         self._queue: FreeKVCacheBlockQueue | None = None  # a standalone queue holding it
 
-    @classmethod
-    def _owned_by(cls, pool: BlockPool, block_id: int) -> KVCacheBlock:
-        block = cls(block_id)
-        block._pool = pool
-        return block
-
     @property
     def ref_cnt(self) -> int:
-        pool = self._pool
-        return self._ref_cnt if pool is None else pool._ref_count(self)
+        owner = self.owner
+        return self._ref_cnt if owner is None else owner.ref_count(self)
 
     @ref_cnt.setter
-    def ref_cnt(self, value: int | object) -> None:
-        if self._pool is not None:
+    def ref_cnt(self, value: SupportsIndex) -> None:
+        if self.owner is not None:
             raise BlockOwnershipError(
                 f"block {self.block_id}'s ref count belongs to its BlockPool; use "
                 f"touch/free_blocks instead of setting ref_cnt={value!r}"
             )
-        if type(value) is not int:
-            raise InvalidBlockFieldError(f"ref_cnt must be an int, got {value!r}")
-        self._ref_cnt = value
+        self._ref_cnt = _field_int("ref_cnt", value)
 
     @property
     def block_hash(self) -> BlockHashWithGroupId | None:
-        pool = self._pool
-        if pool is None:
-            return self._block_hash
-        block_hash = pool._key_of.get(self)
-        if block_hash is None:
-            return None
-        group_id = pool._group_of.get(self, 0)
-        return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
+        owner = self.owner
+        return self._block_hash if owner is None else owner.block_hash_of(self)
 
     @block_hash.setter
-    def block_hash(self, block_hash: BlockHashWithGroupId | object) -> None:
-        if self._pool is not None:
+    def block_hash(self, block_hash: HashBytes) -> None:
+        if self.owner is not None:
             raise BlockOwnershipError(
                 f"block {self.block_id}'s hash belongs to its BlockPool; use cache_full_blocks"
             )
@@ -242,7 +266,7 @@ class KVCacheBlock:
         self._block_hash = BlockHashWithGroupId(block_hash)
 
     def reset_hash(self) -> None:
-        if self._pool is not None:
+        if self.owner is not None:
             raise BlockOwnershipError(
                 f"block {self.block_id}'s hash belongs to its BlockPool; use evict_blocks"
             )
@@ -260,7 +284,7 @@ class KVCacheBlock:
         return self._prev if queue is None else queue._neighbour(self, -1)
 
     @prev_free_block.setter
-    def prev_free_block(self, block: KVCacheBlock | object | None) -> None:
+    def prev_free_block(self, block: BlockLike | None) -> None:
         self._prev = self._link(block)
 
     @property
@@ -271,21 +295,21 @@ class KVCacheBlock:
         return self._next if queue is None else queue._neighbour(self, 1)
 
     @next_free_block.setter
-    def next_free_block(self, block: KVCacheBlock | object | None) -> None:
+    def next_free_block(self, block: BlockLike | None) -> None:
         self._next = self._link(block)
 
     def _free_queue(self) -> FreeKVCacheBlockQueue | None:
         """The free queue this block is in, if any."""
         if self._queue is not None:
             return self._queue
-        pool = self._pool
-        if pool is None or self.is_null or pool._ref_count(self):
+        owner = self.owner
+        if owner is None or self.is_null or owner.ref_count(self):
             return None
-        return pool.free_block_queue
+        return owner.free_block_queue
 
     def _link(self, block: object) -> KVCacheBlock | None:
         """A link a block outside every queue and pool may be given (vLLM's plain fields)."""
-        if self._free_queue() is not None or self._pool is not None:
+        if self._free_queue() is not None or self.owner is not None:
             raise BlockOwnershipError(
                 f"block {self.block_id}'s free-queue links belong to its queue; they are read-only"
             )
@@ -310,19 +334,23 @@ class FreeKVCacheBlockQueue:
     A queue built directly from blocks (``FreeKVCacheBlockQueue(blocks)``, as vLLM's callers
     and tests do) marks its members, so that a block knows it is queued, and every operation
     checks its argument before changing anything: a block must be a ``KVCacheBlock`` of no
-    pool, in no other queue, listed once. The pool's own queue does not pay for that per block
-    (a pool block is queued exactly when its ref count is 0): the pool moves blocks through its
-    unchecked ``_take``, ``_extend`` and ``_remove_free``, and the public mutators refuse to
-    change it behind the pool's back.
+    pool, in no other queue, listed once. The pool's own queue (``for_pool``) does not pay for
+    that per block (a pool block is queued exactly when its ref count is 0), and vLLM's
+    mutators refuse to change it behind the pool's back.
+
+    The owner's seam: ``take_unchecked``, ``extend_unchecked``, ``prepend_unchecked`` and
+    ``remove_unchecked`` move blocks without checking them, for the queue's owner (the pool)
+    and the pool's eviction policy (impl/eviction.py ``PolicyQueue``), which guarantee what
+    each says it takes. ``check_representation()`` checks the layout (tests, debugging).
     """
 
-    def __init__(self, blocks: Iterable[KVCacheBlock] | object) -> None:
+    def __init__(self, blocks: Iterable[KVCacheBlock]) -> None:
         entries = _blocks_argument(blocks)
         for block in entries:
-            if block._pool is not None or block._queue is not None:
+            if block.owner is not None or block._queue is not None:
                 raise InvalidFreeQueueArgument(
                     f"block {block.block_id} already belongs to "
-                    f"{'a pool' if block._pool is not None else 'a free queue'}")
+                    f"{'a pool' if block.owner is not None else 'a free queue'}")
         # A copy: the queue appends to its entries, which must never grow the caller's list
         # (vLLM's tests read their list after appending to the queue).
         self._entries: list[KVCacheBlock] = entries.copy()
@@ -342,15 +370,26 @@ class FreeKVCacheBlockQueue:
         self.fake_free_list_tail._queue = self
 
     @classmethod
-    def _fresh(
-        cls, first: int, end: int, materialize: Callable[[int, int], list[KVCacheBlock]]
+    def for_pool(
+        cls, first: SupportsIndex, end: SupportsIndex,
+        materialize: Callable[[int, int], list[KVCacheBlock]],
     ) -> FreeKVCacheBlockQueue:
-        """A queue of the never-used ids [first, end), whose blocks ``materialize`` makes."""
+        """A pool's own queue of the never-used ids [first, end), whose blocks
+        ``materialize(first, end)`` makes (in id order) the first time they are taken. It does
+        not mark its members: the pool knows which of its blocks are free."""
+        low, high = as_int(first), as_int(end)
+        if low is None or high is None or not 0 <= low <= high:
+            raise InvalidFreeQueueArgument(
+                f"a pool's free queue holds the ids [first, end), 0 <= first <= end: got "
+                f"first={first!r}, end={end!r}")
+        if not callable(materialize):
+            raise InvalidFreeQueueArgument(
+                f"materialize must make the blocks of ids [first, end), got {materialize!r}")
         queue = cls([])
         queue._marks_members = False  # the pool knows which of its blocks are free
-        queue._fresh_next, queue._fresh_end = first, end
+        queue._fresh_next, queue._fresh_end = low, high
         queue._materialize = materialize
-        queue.num_free_blocks = end - first
+        queue.num_free_blocks = high - low
         return queue
 
     # -- taking blocks out ---------------------------------------------------------------
@@ -359,21 +398,23 @@ class FreeKVCacheBlockQueue:
         self._refuse_for_pool("popleft")
         if self.num_free_blocks == 0:
             raise NoFreeBlocksError("No free blocks available")
-        return self._take(1)[0]
+        return self.take_unchecked(1)[0]
 
-    def popleft_n(self, n: int | object) -> list[KVCacheBlock]:
+    def popleft_n(self, n: SupportsIndex) -> list[KVCacheBlock]:
         self._refuse_for_pool("popleft_n")
-        if type(n) is not int or n < 0:
+        count = n if type(n) is int else as_int(n)
+        if count is None or count < 0:
             raise InvalidFreeQueueArgument(f"the number of blocks to pop must be an int >= 0, "
                                            f"got {n!r}")
-        if n > self.num_free_blocks:
+        if count > self.num_free_blocks:
             raise NoFreeBlocksError(
-                f"cannot pop {n} blocks from a free queue of {self.num_free_blocks}"
+                f"cannot pop {count} blocks from a free queue of {self.num_free_blocks}"
             )
-        return self._take(n)
+        return self.take_unchecked(count)
 
-    def _take(self, n: int) -> list[KVCacheBlock]:
-        """The first ``n`` free blocks, out of the queue (0 <= n <= num_free_blocks)."""
+    def take_unchecked(self, n: int) -> list[KVCacheBlock]:
+        """The first ``n`` free blocks, out of the queue. The owner's seam: the caller
+        guarantees 0 <= n <= num_free_blocks."""
         if n == 0:
             return []
         self.num_free_blocks -= n
@@ -418,17 +459,18 @@ class FreeKVCacheBlockQueue:
                 block._queue = None
         return taken if fresh is None else fresh + taken
 
-    def remove(self, block: KVCacheBlock | object) -> None:
+    def remove(self, block: BlockLike) -> None:
         """Take a queued block out of the queue, wherever it is."""
         self._refuse_for_pool("remove")
         if not isinstance(block, KVCacheBlock):
             raise BlockNotFreeError(f"{block!r} is not a block, so not in the free queue")
         if block._queue is not self:
             raise BlockNotFreeError(f"block {block.block_id} is not in the free queue")
-        self._remove_free([block])
+        self.remove_unchecked([block])
 
-    def _remove_free(self, blocks: list[KVCacheBlock]) -> None:
-        """Take blocks known to be free (each once) out of the queue."""
+    def remove_unchecked(self, blocks: list[KVCacheBlock]) -> None:
+        """Take blocks out of the queue, wherever they are. The owner's seam: the caller
+        guarantees each is in this queue and listed once."""
         if self._fresh_next < self._fresh_end and any(
                 self._fresh_next <= b.block_id < self._fresh_end for b in blocks):
             self._spill_fresh_run()
@@ -470,34 +512,36 @@ class FreeKVCacheBlockQueue:
 
     # -- putting blocks back -------------------------------------------------------------
 
-    def append(self, block: KVCacheBlock | object) -> None:
+    def append(self, block: BlockLike) -> None:
         """Put a block at the tail (it will be reused last)."""
-        self.append_n([block])
+        self.append_n([block])  # type: ignore[list-item]  # append_n checks it
 
-    def append_n(self, blocks: Iterable[KVCacheBlock] | object) -> None:
+    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Put blocks at the tail, in order. The argument is read whole and checked before the
         queue changes."""
         self._refuse_for_pool("append_n")
         joining = _blocks_argument(blocks)
         for block in joining:
-            if block._pool is not None:
+            if block.owner is not None:
                 raise InvalidFreeQueueArgument(
                     f"block {block.block_id} belongs to a pool, which frees it itself")
             if block._queue is not None:
                 raise InvalidFreeQueueArgument(f"block {block.block_id} is already queued")
-        self._extend(joining)
+        self.extend_unchecked(joining)
 
-    def _extend(self, blocks: list[KVCacheBlock]) -> None:
-        """Put blocks known to be out of every queue (each once) at the tail."""
+    def extend_unchecked(self, blocks: list[KVCacheBlock]) -> None:
+        """Put blocks at the tail, in order. The owner's seam: the caller guarantees each is
+        out of every queue and listed once."""
         self._entries.extend(blocks)
         self.num_free_blocks += len(blocks)
         if self._marks_members:
             for block in blocks:
                 block._queue = self
 
-    def _prepend(self, blocks: list[KVCacheBlock]) -> None:
-        """Put blocks known to be out of every queue (each once) at the head, in order (an
-        eviction policy's: ``lru-lifo-unhashed`` reuses unkeyed blocks first)."""
+    def prepend_unchecked(self, blocks: list[KVCacheBlock]) -> None:
+        """Put blocks at the head, in order (an eviction policy's: ``lru-lifo-unhashed`` reuses
+        unkeyed blocks first). The owner's seam: the caller guarantees each is out of every
+        queue and listed once."""
         if not blocks:
             return
         if self._fresh_next < self._fresh_end:
@@ -533,6 +577,10 @@ class FreeKVCacheBlockQueue:
         return iter(self.get_all_free_blocks())
 
     def _check(self) -> None:
+        """``check_representation()``, by its former name."""
+        self.check_representation()
+
+    def check_representation(self) -> None:
         """The representation invariant, for tests and debugging (O(entries)); raises an
         ``AssertionError`` naming the broken property. No ``assert``: it runs under -O.
 

@@ -39,10 +39,15 @@ decode. What consumes events here, the aggregator, refuses one it cannot count.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, SupportsIndex
 
 import msgspec
 
+from kvspec.impl.checks import as_int
+from kvspec.impl.errors import (
+    InvalidEventsError,
+    InvalidWorkerCountError,
+)
 from kvspec.impl.hashing import ExternalBlockHash
 
 __all__ = [
@@ -59,17 +64,6 @@ __all__ = [
 ]
 
 MEDIUM_GPU = "GPU"
-
-
-class InvalidWorkerCountError(ValueError):
-    """A worker count that is not a positive int."""
-
-
-class InvalidEventsError(TypeError, ValueError):
-    """Events handed to the aggregator that are not a list of ``KVCacheEvent``.
-
-    A ``TypeError`` as in vLLM, and a ``ValueError`` like every other bad input here.
-    """
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -138,10 +132,10 @@ class KVEventAggregator:
 
     __slots__ = ("_event_counter", "_num_workers")
 
-    def __init__(self, num_workers: int) -> None:
-        _check_worker_count(num_workers, "num_workers")
+    def __init__(self, num_workers: SupportsIndex) -> None:
+        workers = _check_worker_count(num_workers, "num_workers")
         self._event_counter: Counter[KVCacheEvent] = Counter()
-        self._num_workers = num_workers
+        self._num_workers = workers
 
     def add_events(self, events: list[KVCacheEvent]) -> None:
         """Count one worker's events (all or nothing)."""
@@ -175,9 +169,9 @@ class KVEventAggregator:
     def clear_events(self) -> None:
         self._event_counter.clear()
 
-    def increment_workers(self, count: int = 1) -> None:
-        _check_worker_count(count, "worker increment")
-        self._num_workers += count
+    def increment_workers(self, count: SupportsIndex = 1) -> None:
+        increment = _check_worker_count(count, "worker increment")
+        self._num_workers += increment
 
     def reset_workers(self) -> None:
         self._num_workers = 1
@@ -200,6 +194,9 @@ def _hashable(event: object) -> bool:
     return True
 
 
-def _check_worker_count(count: object, what: str) -> None:
-    if type(count) is not int or count <= 0:
+def _check_worker_count(count: object, what: str) -> int:
+    """``count`` as a plain int > 0 (an int or a numpy integer, never a bool)."""
+    number = as_int(count)
+    if number is None or number <= 0:
         raise InvalidWorkerCountError(f"{what} must be an int > 0, got {count!r}")
+    return number

@@ -18,18 +18,22 @@ import enum
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol, SupportsIndex, TypeVar
+from typing import Any, NoReturn, SupportsIndex, TypeVar
 
+from kvspec.impl.checks import all_ints, as_int, first_non_int, shown
+from kvspec.impl.errors import (
+    InvalidMultiModalInputError,
+    InvalidRequestError,
+    ReadOnlyFieldError,
+    ReadOnlyListError,
+)
 from kvspec.impl.hashing import (
     BlockHash,
-    InvalidRequestError,
-    _all_ints,
-    _check_cache_salt,
-    _check_lora,
-    _check_mm_features,
-    _check_prompt_embeds,
-    _first_non_int,
-    _short,
+    RequestLike,
+    check_cache_salt,
+    check_lora,
+    check_mm_features,
+    check_prompt_embeds,
 )
 
 __all__ = [
@@ -47,18 +51,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class ReadOnlyListError(TypeError, ValueError):
-    """An attempt to mutate a request's token list other than through the request."""
-
-
-class ReadOnlyFieldError(AttributeError, ValueError):
-    """An assignment to a field the request computes (``num_tokens`` and the like)."""
-
-
-class InvalidMultiModalInputError(IndexError):
-    """A multimodal input index the request does not have (an ``IndexError``, as before)."""
 
 
 class ConstantList(list[T]):
@@ -111,44 +103,6 @@ class ConstantList(list[T]):
 
     def __imul__(self, count: SupportsIndex) -> NoReturn:
         self._refuse(count)
-
-
-class RequestLike(Protocol):
-    """What impl reads of a request: this module's ``Request`` or vLLM's own
-    (``vllm.v1.request.Request``), which has the same fields; impl never checks the class."""
-
-    @property
-    def request_id(self) -> str: ...
-
-    @property
-    def num_tokens(self) -> int: ...
-
-    @property
-    def num_computed_tokens(self) -> int: ...
-
-    @property
-    def num_preemptions(self) -> int: ...
-
-    @property
-    def skip_reading_prefix_cache(self) -> bool: ...
-
-    @property
-    def all_token_ids(self) -> Sequence[int]: ...
-
-    @property
-    def block_hashes(self) -> list[BlockHash]: ...
-
-    @property
-    def lora_request(self) -> Any: ...
-
-    @property
-    def mm_features(self) -> Any: ...
-
-    @property
-    def cache_salt(self) -> str | None: ...
-
-    @property
-    def prompt_embeds(self) -> Any: ...
 
 
 class RequestStatus(enum.IntEnum):
@@ -247,27 +201,31 @@ class MultiModalFeatureSpec:
 
 
 def _is_token_list(values: object) -> bool:
-    """Whether ``values`` is a list or tuple of ints (checked at C speed: ``hashing._all_ints``)."""
-    return isinstance(values, list | tuple) and _all_ints(values)
+    """Whether ``values`` is a list or tuple of ints (checked at C speed: ``checks.all_ints``)."""
+    return isinstance(values, list | tuple) and all_ints(values)
 
 
 def _token_list_error(request_id: object, what: str, values: object) -> InvalidRequestError:
     if isinstance(values, list | tuple):
         return InvalidRequestError(
             f"{what} of request {request_id!r} must be ints, got "
-            f"{_first_non_int(values)!r} in {_short(values)}")
+            f"{first_non_int(values)!r} in {shown(values)}")
     return InvalidRequestError(
-        f"{what} of request {request_id!r} must be a list of ints, got {_short(values)}")
+        f"{what} of request {request_id!r} must be a list of ints, got {shown(values)}")
 
 
 def _check_int(request_id: str, name: str, value: object, low: int | None = None,
-               optional: bool = False) -> None:
+               optional: bool = False) -> int | None:
+    """``value`` as a plain int (impl's integer rule: an int or a numpy integer, never a bool),
+    or None when it is None and ``optional``."""
     if value is None and optional:
-        return
-    if type(value) is not int or (low is not None and value < low):
+        return None
+    number = as_int(value)
+    if number is None or (low is not None and number < low):
         bound = "" if low is None else f" >= {low}"
         raise InvalidRequestError(
             f"{name} of request {request_id!r} must be an int{bound}, got {value!r}")
+    return number
 
 
 def _read_params(request_id: str, params: Any) -> tuple[int | None, bool | None]:
@@ -292,7 +250,7 @@ def _block_hashes_error(request_id: str, hashes: object) -> InvalidRequestError 
         return None
     return InvalidRequestError(
         f"the block hasher of request {request_id!r} must return a list of block hashes, "
-        f"got {_short(hashes)}")
+        f"got {shown(hashes)}")
 
 
 class Request:
@@ -304,14 +262,14 @@ class Request:
         prompt_token_ids: list[int] | None,
         sampling_params: Any | None = None,
         pooling_params: Any | None = None,
-        eos_token_id: int | None = None,
-        client_index: int = 0,
+        eos_token_id: SupportsIndex | None = None,
+        client_index: SupportsIndex = 0,
         arrival_time: float | None = None,
         prompt_embeds: Any | None = None,
         mm_features: list[MultiModalFeatureSpec] | None = None,
         lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
-        priority: int = 0,
+        priority: SupportsIndex = 0,
         trace_headers: Any | None = None,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
         *,
@@ -320,7 +278,7 @@ class Request:
         # Every check comes before the first assignment: a refused request is never half built.
         if type(request_id) is not str:
             raise InvalidRequestError(f"request_id must be a str, got {request_id!r}")
-        _check_prompt_embeds(prompt_embeds)
+        check_prompt_embeds(prompt_embeds)
         if prompt_token_ids is None:
             if prompt_embeds is None:
                 raise InvalidRequestError(
@@ -337,14 +295,14 @@ class Request:
                     f"request {request_id!r} has {num_prompt_tokens} prompt token ids but "
                     f"{len(prompt_embeds)} prompt embeddings")
             all_token_ids = ConstantList(prompt_token_ids)
-        _check_mm_features(mm_features)
+        check_mm_features(mm_features)
         features = list(mm_features) if mm_features else []
         if lora_request is not None:
-            _check_lora(lora_request)
-        _check_cache_salt(cache_salt)
-        _check_int(request_id, "eos_token_id", eos_token_id, optional=True)
-        _check_int(request_id, "client_index", client_index, low=0)
-        _check_int(request_id, "priority", priority)
+            check_lora(lora_request)
+        check_cache_salt(cache_salt)
+        eos_token_id = _check_int(request_id, "eos_token_id", eos_token_id, optional=True)
+        client_index = _check_int(request_id, "client_index", client_index, low=0) or 0
+        priority = _check_int(request_id, "priority", priority) or 0
         if arrival_time is not None and (type(arrival_time) not in (int, float)
                                          or arrival_time != arrival_time):
             raise InvalidRequestError(
@@ -352,7 +310,7 @@ class Request:
         if trace_headers is not None and not isinstance(trace_headers, Mapping):
             raise InvalidRequestError(
                 f"trace_headers of request {request_id!r} must be a mapping, got "
-                f"{_short(trace_headers)}")
+                f"{shown(trace_headers)}")
         max_tokens, skip_sampling = _read_params(request_id, sampling_params)
         _, skip_pooling = _read_params(request_id, pooling_params)
         if block_hasher is not None and not callable(block_hasher):
@@ -450,13 +408,14 @@ class Request:
     def has_encoder_inputs(self, value: bool) -> None:
         self._refuse_write("has_encoder_inputs", value)
 
-    def get_num_encoder_embeds(self, input_id: int) -> int:
+    def get_num_encoder_embeds(self, input_id: SupportsIndex) -> int:
         count = len(self.mm_features)
-        if type(input_id) is not int or not 0 <= input_id < count:
+        index = as_int(input_id)
+        if index is None or not 0 <= index < count:
             raise InvalidMultiModalInputError(
                 f"no multimodal input {input_id!r} in request {self.request_id!r} "
                 f"({count} inputs)")
-        return int(self.mm_features[input_id].mm_position.length)
+        return int(self.mm_features[index].mm_position.length)
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Append generated tokens and hash the blocks they complete; bad tokens, or a block

@@ -10,14 +10,17 @@ before anything changes:
   that freeing out-of-window blocks would return to the pool;
 * ``SinkFullAttentionManager`` takes its shared sink blocks with ``get_new_blocks`` (they stay
   referenced for the manager's life) instead of popping them off the free queue;
-* errors are the typed exceptions below, never bare assertions.
+* errors are impl/errors.py's typed exceptions, never bare assertions.
 
 Every public method checks its arguments (a request id that is not a str, a count that is not
 an int in range, blocks that are not this pool's or not in the state the call needs, more tokens
 than the request's blocks hold) and raises ``InvalidManagerArgument`` before anything changes.
-The coordinators call the unchecked twins (``_allocate_new_blocks`` for ``allocate_new_blocks``,
-...) after checking once for the whole call, so the per-request path pays for no check twice;
-subclasses override the twins.
+Each checks them in one block at its top (impl/checks.py's helpers and the block checks
+below), then runs its unchecked twin, named with an ``_unchecked`` suffix
+(``allocate_new_blocks_unchecked`` for ``allocate_new_blocks``, ...). The coordinators call the
+twins after checking once for the whole call, so the per-request path pays for no check twice;
+subclasses override the twins. ``SingleTypeManagerSeam`` is what a coordinator needs of a
+manager.
 
 The module-level functions with the names of spec/attention_rules.py are the same rules on the
 same inputs; the managers run them over a lazily evaluated hit pattern, so each block hash is
@@ -30,9 +33,21 @@ from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any, ClassVar, cast, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, SupportsIndex, cast, overload
 
 from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.checks import (
+    MAX_NUM_TOKENS as MAX_NUM_TOKENS,
+    MAX_WORLD_SIZE as MAX_WORLD_SIZE,
+    Flag,
+    Text,
+    block_hashes_of as block_hashes_of,
+    check_count as check_count,
+    check_flag as check_flag,
+    check_request_id as check_request_id,
+    check_world_sizes as check_world_sizes,
+    request_id_of as request_id_of,
+)
 from kvspec.impl.errors import (
     InvalidKVCacheConfig as InvalidKVCacheConfig,
     InvalidManagerArgument as InvalidManagerArgument,
@@ -93,62 +108,9 @@ __all__ = [
 
 # --------------------------------------------------------------------------- argument checks
 
-# Token counts and positions are int64 on vLLM's worker (positions, slot mappings); world
-# sizes are torch.distributed's int32.
-MAX_NUM_TOKENS = 2**63 - 1
-MAX_WORLD_SIZE = 2**31 - 1
 _MAX_GROUP_ID = 2**32 - 1
 
-_pool_of = attrgetter("_pool")
 _ref_cnt_of = attrgetter("ref_cnt")
-
-
-def _bound(value: int) -> str:
-    return "2**63 - 1" if value == MAX_NUM_TOKENS else str(value)
-
-
-def check_count(
-    name: str,
-    value: object,
-    high: int = MAX_NUM_TOKENS,
-    low: int = 0,
-    error: type[ValueError] = InvalidManagerArgument,
-) -> int:
-    """``value`` if it is an int in ``[low, high]``; ``error`` naming it otherwise."""
-    if type(value) is not int or not low <= value <= high:
-        raise error(f"{name} must be an int in [{low}, {_bound(high)}], got {value!r}")
-    return value
-
-
-def check_request_id(request_id: object) -> str:
-    if type(request_id) is not str:
-        raise InvalidManagerArgument(f"a request id must be a str, got {request_id!r}")
-    return request_id
-
-
-def request_id_of(request: object) -> str:
-    """The id of a request (vLLM's ``Request`` or impl's, read duck-typed): a str."""
-    request_id = getattr(request, "request_id", None)
-    if type(request_id) is not str:
-        raise InvalidManagerArgument(
-            f"{request!r} is not a request: its request_id must be a str, got {request_id!r}")
-    return request_id
-
-
-def block_hashes_of(request: object, error: type[ValueError] = InvalidManagerArgument
-                    ) -> list[Any]:
-    """A request's block hashes: a list (of bytes, checked where they are read)."""
-    hashes = getattr(request, "block_hashes", None)
-    if type(hashes) is not list:
-        raise error(f"{request!r} is not a request: its block_hashes must be a list of bytes, "
-                    f"got {hashes!r}")
-    return hashes
-
-
-def check_flag(name: str, value: object, error: type[ValueError] = InvalidManagerArgument) -> bool:
-    if type(value) is not bool:
-        raise error(f"{name} must be a bool, got {value!r}")
-    return value
 
 
 def check_block_list(blocks: object, what: str) -> Sequence[KVCacheBlock]:
@@ -178,9 +140,7 @@ def check_group_ids(group_ids: object) -> list[int]:
     if (type(group_ids) is not list and type(group_ids) is not tuple) or not group_ids:
         raise InvalidManagerArgument(
             f"kv_cache_group_ids must be a non-empty list of group ids, got {group_ids!r}")
-    for group_id in group_ids:
-        check_count("a KV-cache group id", group_id, _MAX_GROUP_ID)
-    return list(group_ids)
+    return [check_count("a KV-cache group id", group_id, _MAX_GROUP_ID) for group_id in group_ids]
 
 
 def check_block_pool(block_pool: object, error: type[ValueError] = InvalidManagerArgument
@@ -188,13 +148,6 @@ def check_block_pool(block_pool: object, error: type[ValueError] = InvalidManage
     if not isinstance(block_pool, BlockPool):
         raise error(f"block_pool must be a BlockPool, got {block_pool!r}")
     return block_pool
-
-
-def check_world_sizes(dcp_world_size: object, pcp_world_size: object,
-                      error: type[ValueError] = InvalidKVCacheConfig) -> tuple[int, int]:
-    """The two context-parallel world sizes, each an int in [1, MAX_WORLD_SIZE]."""
-    return (check_count("dcp_world_size", dcp_world_size, MAX_WORLD_SIZE, 1, error),
-            check_count("pcp_world_size", pcp_world_size, MAX_WORLD_SIZE, 1, error))
 
 
 # --------------------------------------------------------------------------- pure rules
@@ -384,6 +337,69 @@ def _max_length_within(block_hashes: BlockHashList, max_length: int, block_size:
 # --------------------------------------------------------------------------- managers
 
 
+class BlockPoolLike(Protocol):
+    """The annotation of a ``block_pool`` parameter: impl's ``BlockPool`` (the check block
+    refuses anything else, typed; mypyc, which would refuse it with a bare ``TypeError`` at
+    the call for a ``BlockPool`` annotation, does not check a Protocol)."""
+
+    @property
+    def num_gpu_blocks(self) -> int: ...
+
+    def get_num_free_blocks(self) -> int: ...
+
+
+class SingleTypeManagerSeam(Protocol):
+    """What a coordinator needs from a single-type manager (``SingleTypeKVCacheManager``
+    provides it; mypy checks that below the class).
+
+    The ``..._unchecked`` methods are the operations behind vLLM's public methods of the same
+    name without the suffix, for arguments the caller has already checked (a str id, int
+    counts in range, block lists of this pool): the coordinator checks once for all groups,
+    then runs them. ``check_hits`` refuses cache hits that are not fit to be attached."""
+
+    kv_cache_group_id: int
+    block_size: int
+    req_to_blocks: defaultdict[str, list[KVCacheBlock]]
+    num_cached_block: dict[str, int]
+
+    @property
+    def skips_blocks(self) -> bool: ...
+
+    def num_slots_held_unchecked(self, request_id: str) -> int: ...
+
+    def check_hits(self, request_id: Text, new_computed_blocks: Sequence[KVCacheBlock]
+                   ) -> Sequence[KVCacheBlock]: ...
+
+    def get_num_blocks_to_allocate_unchecked(
+        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
+    ) -> int: ...
+
+    def save_new_computed_blocks_unchecked(
+        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]) -> None: ...
+
+    def allocate_new_blocks_unchecked(self, request_id: str, num_tokens: int
+                                      ) -> list[KVCacheBlock]: ...
+
+    def cache_blocks_unchecked(self, request: RequestLike, num_tokens: int) -> None: ...
+
+    def free_unchecked(self, request_id: str) -> None: ...
+
+    def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int
+                                        ) -> None: ...
+
+    def num_blocks_freed_by_skip_unchecked(self, request_id: str, num_computed_tokens: int
+                                           ) -> int: ...
+
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int: ...
+
+
+def _is_block_of(pool: BlockPool, block: KVCacheBlock) -> bool:
+    """Whether ``block`` is the pool's own block object of its id (not another pool's, not
+    one made outside a pool)."""
+    block_id = block.block_id
+    return 0 <= block_id < pool.num_gpu_blocks and pool.blocks[block_id] is block
+
+
 class SingleTypeKVCacheManager:
     """The blocks of every request in one KV-cache group, for one attention type.
 
@@ -391,6 +407,9 @@ class SingleTypeKVCacheManager:
     ``abc.ABC``'s own instance-check cache, so once any of them had been checked,
     ``isinstance(full_attention_manager, CrossAttentionManager)`` answered True. The abstract
     methods raise ``NotImplementedError``.
+
+    Each public method checks its arguments in one block at its top and then runs its
+    ``..._unchecked`` twin, which subclasses override (``SingleTypeManagerSeam``).
     """
 
     # Whether get_num_skipped_tokens can be positive (blocks slide out of the window).
@@ -414,10 +433,10 @@ class SingleTypeKVCacheManager:
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool | object,
-        kv_cache_group_id: int | object,
-        dcp_world_size: int | object = 1,
-        pcp_world_size: int | object = 1,
+        block_pool: BlockPoolLike,
+        kv_cache_group_id: SupportsIndex,
+        dcp_world_size: SupportsIndex = 1,
+        pcp_world_size: SupportsIndex = 1,
     ) -> None:
         spec = as_kv_cache_spec(kv_cache_spec)
         pool = check_block_pool(block_pool, InvalidKVCacheConfig)
@@ -439,32 +458,34 @@ class SingleTypeKVCacheManager:
 
     # -- checks --------------------------------------------------------------------------
 
-    def _slots_held(self, request_id: str) -> int:
+    def num_slots_held_unchecked(self, request_id: str) -> int:
         """Tokens the request's blocks in this group have room for (0 if it holds none)."""
         blocks = self.req_to_blocks.get(request_id)
         return len(blocks) * self.block_size if blocks else 0
 
-    def _check_within_slots(self, request_id: str, name: str, num_tokens: int | object) -> int:
+    def _check_within_slots(self, request_id: str, name: str, num_tokens: object) -> int:
         """``num_tokens`` if it is a count of tokens the request's blocks hold."""
         count = check_count(name, num_tokens)
-        if count > self._slots_held(request_id):
+        if count > self.num_slots_held_unchecked(request_id):
             raise InvalidManagerArgument(
-                f"{name}={count} is more than the {self._slots_held(request_id)} tokens the "
-                f"blocks of request {request_id!r} hold in KV-cache group "
+                f"{name}={count} is more than the {self.num_slots_held_unchecked(request_id)} "
+                f"tokens the blocks of request {request_id!r} hold in KV-cache group "
                 f"{self.kv_cache_group_id}")
         return count
 
-    def _check_hits(self, request_id: str, blocks: Sequence[KVCacheBlock] | object
-                    ) -> Sequence[KVCacheBlock]:
-        """Cache hits for a request that holds no blocks: blocks of this pool, each listed
-        once and already touched (in use), null blocks only before the real ones and only
-        where blocks slide out of the window."""
-        hits = check_block_list(blocks, "new_computed_blocks")
+    def check_hits(self, request_id: Text, new_computed_blocks: Sequence[KVCacheBlock]
+                   ) -> Sequence[KVCacheBlock]:
+        """``new_computed_blocks`` if they are cache hits the request may take: it holds no
+        blocks, and they are blocks of this pool, each listed once and already touched (in
+        use), null blocks only before the real ones and only where blocks slide out of the
+        window."""
+        checked_id = check_request_id(request_id)
+        hits = check_block_list(new_computed_blocks, "new_computed_blocks")
         if not hits:
             return hits
-        if self.req_to_blocks.get(request_id) or request_id in self.num_cached_block:
+        if self.req_to_blocks.get(checked_id) or checked_id in self.num_cached_block:
             raise InvalidManagerArgument(
-                f"request {request_id!r} already holds blocks and cannot take "
+                f"request {checked_id!r} already holds blocks and cannot take "
                 f"{len(hits)} cache hits")
         null = self._null_block
         num_null = hits.count(null)
@@ -474,9 +495,9 @@ class SingleTypeKVCacheManager:
                 f"{[b.block_id for b in hits]}")
         real = hits[num_null:]
         pool = self.block_pool
-        if not set(map(_pool_of, real)) <= {pool}:
-            stranger = next(b for b in real if b._pool is not pool)
-            raise InvalidManagerArgument(f"{stranger!r} is not a block of this pool")
+        for block in real:
+            if not _is_block_of(pool, block):
+                raise InvalidManagerArgument(f"{block!r} is not a block of this pool")
         if 0 in map(_ref_cnt_of, real):
             free = next(b for b in real if b.ref_cnt == 0)
             raise InvalidManagerArgument(
@@ -489,17 +510,17 @@ class SingleTypeKVCacheManager:
     # -- allocation ----------------------------------------------------------------------
 
     def get_num_blocks_to_allocate(
-        self, request_id: str | object, num_tokens: int | object,
-        new_computed_blocks: Sequence[KVCacheBlock] | object,
+        self, request_id: Text, num_tokens: SupportsIndex,
+        new_computed_blocks: Sequence[KVCacheBlock],
     ) -> int:
         """New blocks this group needs so that the request holds ``num_tokens`` tokens (a
         count: blocks made outside the pool are counted as hits, as vLLM's tests do)."""
-        return self._num_blocks_to_allocate(
-            check_request_id(request_id), check_count("num_tokens", num_tokens),
-            check_block_list(new_computed_blocks, "new_computed_blocks"),
-        )
+        checked_id = check_request_id(request_id)
+        count = check_count("num_tokens", num_tokens)
+        hits = check_block_list(new_computed_blocks, "new_computed_blocks")
+        return self.get_num_blocks_to_allocate_unchecked(checked_id, count, hits)
 
-    def _num_blocks_to_allocate(
+    def get_num_blocks_to_allocate_unchecked(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> int:
         held = self.req_to_blocks.get(request_id)
@@ -517,14 +538,14 @@ class SingleTypeKVCacheManager:
         )
 
     def save_new_computed_blocks(
-        self, request_id: str | object, new_computed_blocks: Sequence[KVCacheBlock] | object
+        self, request_id: Text, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> None:
         """Attach a new request's cache hits (already touched) as its first blocks."""
         checked_id = check_request_id(request_id)
-        self._save_new_computed_blocks(checked_id, self._check_hits(checked_id,
-                                                                    new_computed_blocks))
+        hits = self.check_hits(checked_id, new_computed_blocks)
+        self.save_new_computed_blocks_unchecked(checked_id, hits)
 
-    def _save_new_computed_blocks(
+    def save_new_computed_blocks_unchecked(
         self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> None:
         if request_id not in self.num_cached_block and not self.req_to_blocks.get(request_id):
@@ -537,20 +558,21 @@ class SingleTypeKVCacheManager:
             )
 
     def allocate_new_blocks(
-        self, request_id: str | object, num_tokens: int | object
+        self, request_id: Text, num_tokens: SupportsIndex
     ) -> list[KVCacheBlock]:
         """Append the blocks needed to hold ``num_tokens`` tokens; return the new ones.
         More than the pool has free is refused before the request's list is touched."""
         checked_id = check_request_id(request_id)
         count = check_count("num_tokens", num_tokens)
-        wanted = self._num_blocks_to_allocate(checked_id, count, ())
+        wanted = self.get_num_blocks_to_allocate_unchecked(checked_id, count, ())
         if wanted > self.block_pool.get_num_free_blocks():
             raise InvalidManagerArgument(
                 f"num_tokens={count} needs {wanted} new blocks, the pool has "
                 f"{self.block_pool.get_num_free_blocks()} free")
-        return self._allocate_new_blocks(checked_id, count)
+        return self.allocate_new_blocks_unchecked(checked_id, count)
 
-    def _allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks_unchecked(self, request_id: str, num_tokens: int
+                                      ) -> list[KVCacheBlock]:
         req_blocks = self.req_to_blocks[request_id]
         num_new = -(-num_tokens // self.block_size) - len(req_blocks)
         if num_new <= 0:
@@ -559,15 +581,15 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    def cache_blocks(self, request: RequestLike, num_tokens: int | object) -> None:
+    def cache_blocks(self, request: RequestLike, num_tokens: SupportsIndex) -> None:
         """Key the request's blocks that ``num_tokens`` tokens fill and are not keyed yet
         (the pool checks the request's hashes, token ids and LoRA before it keys any)."""
         request_id = request_id_of(request)
         block_hashes_of(request)
-        self._cache_blocks(request, self._check_within_slots(request_id, "num_tokens",
-                                                             num_tokens))
+        count = self._check_within_slots(request_id, "num_tokens", num_tokens)
+        self.cache_blocks_unchecked(request, count)
 
-    def _cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+    def cache_blocks_unchecked(self, request: RequestLike, num_tokens: int) -> None:
         request_id = request.request_id
         num_full = num_tokens // self.block_size
         num_cached = self.num_cached_block.get(request_id, 0)
@@ -579,11 +601,12 @@ class SingleTypeKVCacheManager:
         )
         self.num_cached_block[request_id] = num_full
 
-    def free(self, request_id: str | object) -> None:
+    def free(self, request_id: Text) -> None:
         """Release the request's blocks, last block first (so the chain tail is evicted first)."""
-        self._free(check_request_id(request_id))
+        checked_id = check_request_id(request_id)
+        self.free_unchecked(checked_id)
 
-    def _free(self, request_id: str) -> None:
+    def free_unchecked(self, request_id: str) -> None:
         blocks = self.req_to_blocks.pop(request_id, None)
         if blocks:
             # A reversed copy: the caller may still hold this list (get_blocks returns it).
@@ -592,23 +615,22 @@ class SingleTypeKVCacheManager:
 
     # -- skipped (out-of-window) blocks --------------------------------------------------
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int | object) -> int:
+    def get_num_skipped_tokens(self, num_computed_tokens: SupportsIndex) -> int:
         """Leading tokens no future token attends to (none by default)."""
-        return self._num_skipped_tokens(check_count("num_computed_tokens",
-                                                    num_computed_tokens))
+        count = check_count("num_computed_tokens", num_computed_tokens)
+        return self._num_skipped_tokens(count)
 
     def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return 0
 
     def skipped_blocks_to_free(
-        self, request_id: str | object, num_computed_tokens: int | object
+        self, request_id: Text, num_computed_tokens: SupportsIndex
     ) -> list[int]:
         """Indices of the request's blocks that ``remove_skipped_blocks`` would free, highest
         first (it stops at the first null block: everything before it is already null)."""
         checked_id = check_request_id(request_id)
-        return self._skipped_blocks_to_free(
-            checked_id, self._check_within_slots(checked_id, "num_computed_tokens",
-                                                 num_computed_tokens))
+        count = self._check_within_slots(checked_id, "num_computed_tokens", num_computed_tokens)
+        return self._skipped_blocks_to_free(checked_id, count)
 
     def _skipped_blocks_to_free(self, request_id: str, num_computed_tokens: int) -> list[int]:
         if not self.skips_blocks:
@@ -628,17 +650,16 @@ class SingleTypeKVCacheManager:
         return indices
 
     def remove_skipped_blocks(
-        self, request_id: str | object, num_computed_tokens: int | object
+        self, request_id: Text, num_computed_tokens: SupportsIndex
     ) -> None:
         """Replace out-of-window blocks by the null block and free them, highest index first.
         ``num_computed_tokens`` beyond the tokens the request's blocks hold is refused: no
         token was computed without a slot."""
         checked_id = check_request_id(request_id)
-        self._remove_skipped_blocks(
-            checked_id, self._check_within_slots(checked_id, "num_computed_tokens",
-                                                 num_computed_tokens))
+        count = self._check_within_slots(checked_id, "num_computed_tokens", num_computed_tokens)
+        self.remove_skipped_blocks_unchecked(checked_id, count)
 
-    def _remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int) -> None:
         indices = self._skipped_blocks_to_free(request_id, num_computed_tokens)
         if not indices:
             return
@@ -650,15 +671,15 @@ class SingleTypeKVCacheManager:
         self.block_pool.free_blocks(removed)
 
     def num_blocks_freed_by_skip(
-        self, request_id: str | object, num_computed_tokens: int | object
+        self, request_id: Text, num_computed_tokens: SupportsIndex
     ) -> int:
         """Blocks ``remove_skipped_blocks`` would return to the free queue."""
         checked_id = check_request_id(request_id)
-        return self._num_blocks_freed_by_skip(
-            checked_id, self._check_within_slots(checked_id, "num_computed_tokens",
-                                                 num_computed_tokens))
+        count = self._check_within_slots(checked_id, "num_computed_tokens", num_computed_tokens)
+        return self.num_blocks_freed_by_skip_unchecked(checked_id, count)
 
-    def _num_blocks_freed_by_skip(self, request_id: str, num_computed_tokens: int) -> int:
+    def num_blocks_freed_by_skip_unchecked(self, request_id: str, num_computed_tokens: int
+                                           ) -> int:
         indices = self._skipped_blocks_to_free(request_id, num_computed_tokens)
         if not indices:
             return 0
@@ -667,31 +688,32 @@ class SingleTypeKVCacheManager:
 
     # -- prefix caching ------------------------------------------------------------------
 
-    def get_num_common_prefix_blocks(self, running_request_id: str | object) -> int:
+    def get_num_common_prefix_blocks(self, running_request_id: Text) -> int:
         """Leading blocks every running request shares (for cascade attention)."""
-        return self._num_common_prefix_blocks(check_request_id(running_request_id))
+        checked_id = check_request_id(running_request_id)
+        return self.get_num_common_prefix_blocks_unchecked(checked_id)
 
     @abstractmethod
-    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
-        """``get_num_common_prefix_blocks`` for a checked id."""
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
         raise NotImplementedError(f"{type(self).__name__} counts no common prefix")
 
     @classmethod
     def find_longest_cache_hit(
         cls,
-        block_hashes: BlockHashList | object,
-        max_length: int | object,
-        kv_cache_group_ids: list[int] | object,
-        block_pool: BlockPool | object,
+        block_hashes: Sequence[BlockHash],
+        max_length: SupportsIndex,
+        kv_cache_group_ids: Sequence[SupportsIndex],
+        block_pool: BlockPoolLike,
         kv_cache_spec: KVCacheSpecLike,
-        use_eagle: bool | object,
-        alignment_tokens: int | object,
-        dcp_world_size: int | object = 1,
-        pcp_world_size: int | object = 1,
+        use_eagle: Flag,
+        alignment_tokens: SupportsIndex,
+        dcp_world_size: SupportsIndex = 1,
+        pcp_world_size: SupportsIndex = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
         """Per group in ``kv_cache_group_ids``: the blocks of the longest cache hit within
         ``max_length`` tokens (the same length in every group): null blocks up to the first
-        hit block, then the hits of ``[first, end)`` that ``_hit_range`` picks."""
+        hit block, then the hits of ``[first, end)`` that ``_hit_range`` picks.
+        ``block_hashes``: a list of bytes, or a ``BlockHashListWithBlockSize`` over one."""
         hashes = check_block_hashes(block_hashes)
         length = check_count("max_length", max_length)
         group_ids = check_group_ids(kv_cache_group_ids)
@@ -700,11 +722,11 @@ class SingleTypeKVCacheManager:
         eagle = check_flag("use_eagle", use_eagle)
         alignment = check_count("alignment_tokens", alignment_tokens, low=1)
         dcp, pcp = check_world_sizes(dcp_world_size, pcp_world_size, InvalidManagerArgument)
-        return cls._find_longest_cache_hit(hashes, length, group_ids, pool, spec, eagle,
-                                           alignment, dcp, pcp)
+        return cls.find_longest_cache_hit_unchecked(hashes, length, group_ids, pool, spec,
+                                                    eagle, alignment, dcp, pcp)
 
     @classmethod
-    def _find_longest_cache_hit(
+    def find_longest_cache_hit_unchecked(
         cls,
         block_hashes: BlockHashList,
         max_length: int,
@@ -732,15 +754,20 @@ class SingleTypeKVCacheManager:
         kv_cache_spec: KVCacheSpec, use_eagle: bool, alignment_tokens: int,
     ) -> tuple[int, int]:
         """This attention type's hit rule: ``[first, end)``, the block indices of the hit
-        (the managers that override ``_find_longest_cache_hit`` have none)."""
+        (the managers that override ``find_longest_cache_hit_unchecked`` have none)."""
         raise NotImplementedError(f"{cls.__name__} has no hit rule over block positions")
+
+
+if TYPE_CHECKING:
+    def _provides_the_seam(manager: SingleTypeKVCacheManager) -> SingleTypeManagerSeam:
+        return manager
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention (and MLA): a hit is the leading run of cached blocks."""
 
     @classmethod
-    def _find_longest_cache_hit(
+    def find_longest_cache_hit_unchecked(
         cls,
         block_hashes: BlockHashList,
         max_length: int,
@@ -762,7 +789,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             del hit[num_blocks:]
         return tuple(hits)
 
-    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
         blocks = self.req_to_blocks.get(running_request_id)
         if not blocks:
             return 0
@@ -782,10 +809,10 @@ class SinkFullAttentionManager(FullAttentionManager):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool | object,
-        kv_cache_group_id: int | object,
-        dcp_world_size: int | object = 1,
-        pcp_world_size: int | object = 1,
+        block_pool: BlockPoolLike,
+        kv_cache_group_id: SupportsIndex,
+        dcp_world_size: SupportsIndex = 1,
+        pcp_world_size: SupportsIndex = 1,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
@@ -816,10 +843,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool | object,
-        kv_cache_group_id: int | object,
-        dcp_world_size: int | object = 1,
-        pcp_world_size: int | object = 1,
+        block_pool: BlockPoolLike,
+        kv_cache_group_id: SupportsIndex,
+        dcp_world_size: SupportsIndex = 1,
+        pcp_world_size: SupportsIndex = 1,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
@@ -838,7 +865,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - self.sliding_window + 1
 
-    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
         return 0
 
 
@@ -853,10 +880,10 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool | object,
-        kv_cache_group_id: int | object,
-        dcp_world_size: int | object = 1,
-        pcp_world_size: int | object = 1,
+        block_pool: BlockPoolLike,
+        kv_cache_group_id: SupportsIndex,
+        dcp_world_size: SupportsIndex = 1,
+        pcp_world_size: SupportsIndex = 1,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
@@ -883,7 +910,7 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
 
-    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
         return 0
 
 
@@ -898,10 +925,10 @@ class MambaManager(SingleTypeKVCacheManager):
     def __init__(
         self,
         kv_cache_spec: KVCacheSpecLike,
-        block_pool: BlockPool | object,
-        kv_cache_group_id: int | object,
-        dcp_world_size: int | object = 1,
-        pcp_world_size: int | object = 1,
+        block_pool: BlockPoolLike,
+        kv_cache_group_id: SupportsIndex,
+        dcp_world_size: SupportsIndex = 1,
+        pcp_world_size: SupportsIndex = 1,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, dcp_world_size,
                          pcp_world_size)
@@ -916,20 +943,22 @@ class MambaManager(SingleTypeKVCacheManager):
         end = mamba_hit_blocks(hits, max_length, block_size, alignment_tokens)
         return max(end - 1, 0), end
 
-    def _num_blocks_to_allocate(
+    def get_num_blocks_to_allocate_unchecked(
         self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> int:
-        return super()._num_blocks_to_allocate(
+        return super().get_num_blocks_to_allocate_unchecked(
             request_id, num_tokens + self.num_speculative_tokens, new_computed_blocks
         )
 
-    def _allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        return super()._allocate_new_blocks(request_id, num_tokens + self.num_speculative_tokens)
+    def allocate_new_blocks_unchecked(self, request_id: str, num_tokens: int
+                                      ) -> list[KVCacheBlock]:
+        return super().allocate_new_blocks_unchecked(
+            request_id, num_tokens + self.num_speculative_tokens)
 
     def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - 1
 
-    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
         return 0
 
 
@@ -938,13 +967,13 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
     prefix-cached."""
 
     def save_new_computed_blocks(
-        self, request_id: str | object, new_computed_blocks: Sequence[KVCacheBlock] | object
+        self, request_id: Text, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> None:
-        self._save_new_computed_blocks(
-            check_request_id(request_id),
-            check_block_list(new_computed_blocks, "new_computed_blocks"))
+        checked_id = check_request_id(request_id)
+        hits = check_block_list(new_computed_blocks, "new_computed_blocks")
+        self.save_new_computed_blocks_unchecked(checked_id, hits)
 
-    def _save_new_computed_blocks(
+    def save_new_computed_blocks_unchecked(
         self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]
     ) -> None:
         if new_computed_blocks:
@@ -953,32 +982,32 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
                 f"request {request_id!r}"
             )
 
-    def cache_blocks(self, request: RequestLike, num_tokens: int | object) -> None:
+    def cache_blocks(self, request: RequestLike, num_tokens: SupportsIndex) -> None:
         raise PrefixCachingNotSupported("Should not be called as prefix caching is disabled.")
 
-    def _cache_blocks(self, request: RequestLike, num_tokens: int) -> None:
+    def cache_blocks_unchecked(self, request: RequestLike, num_tokens: int) -> None:
         raise PrefixCachingNotSupported("Should not be called as prefix caching is disabled.")
 
-    def _num_common_prefix_blocks(self, running_request_id: str) -> int:
+    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
         return 0
 
     @classmethod
     def find_longest_cache_hit(
         cls,
-        block_hashes: BlockHashList | object,
-        max_length: int | object,
-        kv_cache_group_ids: list[int] | object,
-        block_pool: BlockPool | object,
+        block_hashes: Sequence[BlockHash],
+        max_length: SupportsIndex,
+        kv_cache_group_ids: Sequence[SupportsIndex],
+        block_pool: BlockPoolLike,
         kv_cache_spec: KVCacheSpecLike,
-        use_eagle: bool | object,
-        alignment_tokens: int | object,
-        dcp_world_size: int | object = 1,
-        pcp_world_size: int | object = 1,
+        use_eagle: Flag,
+        alignment_tokens: SupportsIndex,
+        dcp_world_size: SupportsIndex = 1,
+        pcp_world_size: SupportsIndex = 1,
     ) -> tuple[list[KVCacheBlock], ...]:
         raise PrefixCachingNotSupported("cross-attention blocks are never prefix-cached")
 
     @classmethod
-    def _find_longest_cache_hit(
+    def find_longest_cache_hit_unchecked(
         cls,
         block_hashes: BlockHashList,
         max_length: int,

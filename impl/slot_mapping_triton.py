@@ -26,16 +26,15 @@ from typing import Any
 import torch
 
 from kvspec.impl.checks import as_int
+from kvspec.impl.errors import (
+    SlotMappingArgumentError as SlotMappingArgumentError,
+)
 from kvspec.impl.utils import TORCH_INTEGER_DTYPES
 
 PAD_SLOT_ID = -1
 # Tokens per Triton program. 1024 keeps a program's loads and stores in flight without
 # spilling; tiles past the batch only store the pad.
 TOKENS_PER_PROGRAM = 1024
-
-
-class SlotMappingArgumentError(ValueError):
-    """Buffers or parameters the device slot mapping cannot use."""
 
 
 @functools.cache

@@ -3,24 +3,27 @@ classes of the same names and fields): prefix-cache lookups and sampled block ev
 
 Unlike vLLM's, they refuse bad values with ``InvalidStatsError`` (a ``ValueError``) when made
 and when recording, and ``record`` checks all three values before it adds any: a count is an
-int >= 0 (hits at most the tokens queried), a duration a real number of seconds >= 0.
+int >= 0 (hits at most the tokens queried; impl's integer rule, impl/checks.py: an int or a
+numpy integer, never a bool), a duration a real number of seconds >= 0.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import SupportsIndex
+
+from kvspec.impl.checks import Flag, as_int
+from kvspec.impl.errors import InvalidStatsError as InvalidStatsError
 
 __all__ = ["InvalidStatsError", "KVCacheEvictionEvent", "PrefixCacheStats"]
 
 
-class InvalidStatsError(ValueError):
-    """A count that is not an int >= 0, or a duration that is not a number of seconds >= 0."""
-
-
-def _check_count(name: str, value: object) -> None:
-    if type(value) is not int or value < 0:
+def _check_count(name: str, value: object) -> int:
+    count = value if type(value) is int else as_int(value)
+    if count is None or count < 0:
         raise InvalidStatsError(f"{name} must be an int >= 0, got {value!r}")
+    return count
 
 
 def _check_seconds(name: str, value: object) -> None:
@@ -46,18 +49,16 @@ class PrefixCacheStats:
         if type(self.reset) is not bool:
             raise InvalidStatsError(f"reset must be a bool, got {self.reset!r}")
         for field in fields(self)[1:]:
-            _check_count(field.name, getattr(self, field.name))
+            setattr(self, field.name, _check_count(field.name, getattr(self, field.name)))
 
-    def record(self, num_tokens: int | object, num_hits: int | object,
-               preempted: bool | object) -> None:
-        _check_count("num_tokens", num_tokens)
-        _check_count("num_hits", num_hits)
-        if num_hits > num_tokens:  # type: ignore[operator]
+    def record(self, num_tokens: SupportsIndex, num_hits: SupportsIndex,
+               preempted: Flag) -> None:
+        tokens = _check_count("num_tokens", num_tokens)
+        hits = _check_count("num_hits", num_hits)
+        if hits > tokens:
             raise InvalidStatsError(f"num_hits {num_hits!r} is more than num_tokens {num_tokens!r}")
         if type(preempted) is not bool:
             raise InvalidStatsError(f"preempted must be a bool, got {preempted!r}")
-        tokens: int = num_tokens  # type: ignore[assignment]
-        hits: int = num_hits  # type: ignore[assignment]
         if preempted:
             self.preempted_requests += 1
             self.preempted_queries += tokens

@@ -12,10 +12,13 @@ Every argument is checked before anything is allocated or copied: a bad one gets
 
 from __future__ import annotations
 
+from typing import SupportsIndex
+
 import numpy as np
 import torch
 
 from kvspec.impl.checks import as_int
+from kvspec.impl.errors import CpuGpuBufferError as CpuGpuBufferError
 
 # Sizes are int64 in torch: anything larger cannot be a tensor's dimension.
 _SIZE_LIMIT = 2**63
@@ -26,10 +29,6 @@ TORCH_INTEGER_DTYPES = frozenset(
                         getattr(torch, "uint64", None))
     if dtype is not None
 )
-
-
-class CpuGpuBufferError(ValueError):
-    """A buffer that cannot be built, or a copy of more rows than it has."""
 
 
 def cuda_available() -> bool:
@@ -54,7 +53,7 @@ class CpuGpuBuffer:
 
     def __init__(
         self,
-        *size: int,
+        *size: SupportsIndex,
         dtype: torch.dtype,
         device: torch.device | str,
         pin_memory: bool,
@@ -96,12 +95,12 @@ class CpuGpuBuffer:
             raise CpuGpuBufferError(f"cannot copy {count} rows of a buffer of {rows}")
         return count
 
-    def copy_to_gpu(self, n: int | None = None) -> torch.Tensor:
+    def copy_to_gpu(self, n: SupportsIndex | None = None) -> torch.Tensor:
         """Copy the first ``n`` rows (all when ``None``) to the device; returns that view."""
         rows = self._rows(n)
         return self.gpu[:rows].copy_(self.cpu[:rows], non_blocking=True)
 
-    def copy_to_cpu(self, n: int | None = None) -> torch.Tensor:
+    def copy_to_cpu(self, n: SupportsIndex | None = None) -> torch.Tensor:
         """Copy the first ``n`` rows back to the host (the caller synchronises)."""
         rows = self._rows(n)
         return self.cpu[:rows].copy_(self.gpu[:rows], non_blocking=True)

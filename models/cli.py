@@ -24,10 +24,10 @@ from kvspec.models.plan import (
     InvalidMemorySize,
     InvalidPlanArgument,
     MemoryPlan,
-    _shown,
     format_bytes,
     parse_memory,
     plan_memory,
+    shown,
 )
 
 __all__ = ["add_plan_parser", "main", "plan_to_dict", "render_plan", "run_plan"]
@@ -156,6 +156,12 @@ def render_plan(plan: MemoryPlan) -> str:
     return "\n".join(lines)
 
 
+# The block sizes vLLM 0.13 takes for ``--block-size``: ``BlockSize = Literal[1, 8, 16, 32, 64,
+# 128, 256]`` in vllm/config/cache.py (vLLM 0.13.0), the type of ``CacheConfig.block_size``
+# and of ``EngineArgs.block_size`` (vllm/engine/arg_utils.py), whose ``--block-size`` option
+# offers these choices.
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
 _INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
 # Far more digits than 2**63 - 1 has; int() is not asked to read more (past 4,300 digits it
 # raises a bare ValueError).
@@ -169,9 +175,9 @@ def _integer(option: str, value: object) -> int | None:
         return value
     text = value.strip() if isinstance(value, str) else ""
     if _INTEGER.fullmatch(text) is None:
-        raise InvalidPlanArgument(f"{option} must be an integer, got {_shown(value)}")
+        raise InvalidPlanArgument(f"{option} must be an integer, got {shown(value)}")
     if len(text) > _MAX_DIGITS:
-        raise InvalidPlanArgument(f"{option} must be at most 2**63 - 1, got {_shown(value)}")
+        raise InvalidPlanArgument(f"{option} must be at most 2**63 - 1, got {shown(value)}")
     return int(text)
 
 
@@ -189,6 +195,11 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         memory = None if args.memory is None else parse_memory(args.memory)
         block_size = _integer("--block-size", args.block_size)
+        if block_size is not None and block_size not in VLLM_BLOCK_SIZES:
+            raise InvalidPlanArgument(
+                f"--block-size must be one of the block sizes vLLM takes (its "
+                f"CacheConfig.block_size: {', '.join(map(str, VLLM_BLOCK_SIZES))}), got "
+                f"{shown(args.block_size)}")
         batched = _integer("--max-num-batched-tokens", args.max_num_batched_tokens)
         plan = plan_memory(
             layout,

@@ -29,11 +29,12 @@ What is modelled (vLLM 0.13, ``kv_cache_utils.get_kv_cache_groups`` and
    step).
 
 Steps 4 and 5, the request sizes of step 6, the binary search for the longest request and the
-concurrency figure are written once, over any spec type, in the last section of this module
+concurrency figure are written once, over any spec type, in ``kvspec.impl.kv_cache_sizing``
 (``unify_page_sizes``, ``split_into_groups``, ``tensor_sharing``, ``num_blocks_for``,
-``request_blocks``, ``longest_fitting``, ``max_concurrency``): ``kv_cache_groups`` below applies
-them to a layout's ``GroupSpec``s, and ``kvspec.impl.kv_cache_planning`` (vLLM 0.13's
-``get_kv_cache_configs`` and friends) to the spec objects of vLLM's callers.
+``request_blocks``, ``longest_fitting``, ``max_concurrency``; models/ sits above impl/):
+``kv_cache_groups`` below applies them to a layout's ``GroupSpec``s, and
+``kvspec.impl.kv_cache_planning`` (vLLM 0.13's ``get_kv_cache_configs`` and friends) to the
+spec objects of vLLM's callers.
 
 Every count and size the plan reads (block sizes, block counts, token counts, memory bytes)
 is an int from 1 to 2**63 - 1, the int64 range vLLM's tensors and memory figures live in;
@@ -49,10 +50,19 @@ speculative Mamba blocks, pipeline parallelism.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
 
+from kvspec.impl import errors as impl_errors
+from kvspec.impl.errors import InvalidPlanArgument
+from kvspec.impl.kv_cache_sizing import (
+    longest_fitting,
+    max_concurrency,
+    num_blocks_for,
+    request_blocks,
+    split_into_groups,
+    tensor_sharing,
+    unify_page_sizes,
+)
 from kvspec.models.layout import DTYPE_BYTES, InvalidLayout, LayerLayout, ModelLayout
 
 __all__ = [
@@ -85,24 +95,18 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # Block-size steps of the attention kernels when sizing a page for a Mamba state.
 _KERNEL_BLOCK_ALIGNMENT = 16
 _MLA_KERNEL_BLOCK_ALIGNMENT = 64
-# A bucket less than this much larger than the smallest sets the group size instead (vLLM
-# 0.13's heuristic: 12 sliding + 13 full layers make two groups of 13, one padding slot,
-# rather than groups of 12 and a second full group of one).
-_GROUP_SIZE_SLACK = 1.25
-
-
-class InvalidPlanArgument(ValueError):
-    """A planning parameter (block size, block count, token count) is out of range."""
 
 
 class InvalidMemorySize(InvalidPlanArgument):
-    """A memory size string or value cannot be read as a positive number of bytes."""
+    """A memory size string or value cannot be read as a positive number of bytes, or a budget
+    that holds no block."""
 
 
-class PageSizeNotUnifiable(InvalidLayout, NotImplementedError):
+class PageSizeNotUnifiable(impl_errors.PageSizeNotUnifiable, InvalidLayout):
     """Layers whose pages cannot be made one size by growing block sizes (a page that does not
-    divide the largest, or a Mamba page, which does not grow with its block size). A
-    ``NotImplementedError`` too, as vLLM raises."""
+    divide the largest, or a Mamba page, which does not grow with its block size): impl's
+    ``PageSizeNotUnifiable`` (a ``NotImplementedError`` too, as vLLM raises), naming the model,
+    and an ``InvalidLayout``."""
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -116,17 +120,17 @@ MAX_PLAN_INT = 2**63 - 1
 def _require_positive_int(name: str, value: object) -> int:
     if type(value) is not int or not 0 < value <= MAX_PLAN_INT:
         raise InvalidPlanArgument(
-            f"{name} must be a positive int at most 2**63 - 1, got {_shown(value)}")
+            f"{name} must be a positive int at most 2**63 - 1, got {shown(value)}")
     return value
 
 
 def _require_layout(layout: object) -> ModelLayout:
     if not isinstance(layout, ModelLayout):
-        raise InvalidPlanArgument(f"not a ModelLayout: {_shown(layout)}")
+        raise InvalidPlanArgument(f"not a ModelLayout: {shown(layout)}")
     return layout
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
     """``repr(value)``, cut short for a value too long to name in a one-line error."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:40]}... ({len(text)} characters)"
@@ -355,7 +359,7 @@ def kv_cache_groups(
                 spec, block_size=spec.block_size * ratio
             ),
         )
-    except PageSizeNotUnifiable as error:
+    except impl_errors.PageSizeNotUnifiable as error:
         raise PageSizeNotUnifiable(f"model {layout.name!r}: {error}") from None
     rescaled: set[GroupSpec] = set()
     for (_, spec), (_, grown) in zip(specs, unified, strict=True):
@@ -471,6 +475,15 @@ def plan_memory(
     groups = kv_cache_groups(layout, block_size, mamba_block_size=mamba_block_size)
     if memory_bytes is not None:
         blocks = num_blocks_for_memory(groups, memory_bytes)
+        if blocks < 1:
+            # vLLM refuses a KV-cache budget with no room for a block (its engine stops with
+            # "No available memory for the cache blocks" or "To serve at least one request
+            # ... KV cache is needed": vllm/v1/core/kv_cache_utils.py,
+            # check_enough_kv_cache_memory).
+            raise InvalidMemorySize(
+                f"memory {format_bytes(memory_bytes)} ({memory_bytes:,} B) holds no block of "
+                f"{layout.name}: one block takes {groups.bytes_per_block:,} B "
+                f"({groups.page_size_bytes:,} B x {groups.layers_per_block} layers)")
         memory = memory_bytes
     else:
         blocks = _require_positive_int("num_blocks", num_blocks)
@@ -490,153 +503,6 @@ def plan_memory(
             model_len, max_num_batched_tokens, encoder_tokens
         ),
     )
-
-
-# --- vLLM 0.13's planning arithmetic over any spec type ------------------------------------
-#
-# Shared by kv_cache_groups above (GroupSpec) and kvspec.impl.kv_cache_planning (the spec
-# objects of vLLM's callers, impl's or vLLM's own). A spec only needs to be hashable and equal
-# to the specs of layers that may share a group; page sizes and block-size changes come in as
-# functions, so each caller keeps its own spec classes.
-
-SpecT = TypeVar("SpecT", bound=Hashable)
-
-
-def unify_page_sizes(
-    named_specs: Sequence[tuple[str, SpecT]],
-    page_size: Callable[[SpecT], int],
-    scale_block_size: Callable[[SpecT, int], SpecT],
-) -> list[tuple[str, SpecT]]:
-    """``(layer, spec)`` pairs with one page size: a spec whose page is smaller than the largest
-    gets its block size multiplied by ``largest // page`` (``scale_block_size(spec, ratio)``
-    builds it); other specs are kept as they are (the same objects).
-
-    Raises ``PageSizeNotUnifiable`` when a page does not divide the largest, or growing the
-    block size does not give the largest page (a Mamba state does not grow with it).
-    """
-    pages = [page_size(spec) for _, spec in named_specs]
-    if len(set(pages)) <= 1:
-        return list(named_specs)
-    largest = max(pages)
-    unified: list[tuple[str, SpecT]] = []
-    grown: dict[SpecT, SpecT] = {}
-    for (name, spec), page in zip(named_specs, pages, strict=True):
-        if page != largest:
-            if spec not in grown:
-                ratio, remainder = divmod(largest, page)
-                bigger = scale_block_size(spec, ratio)
-                if remainder or page_size(bigger) != largest:
-                    raise PageSizeNotUnifiable(
-                        f"layer {name!r} has a {page:,}-byte page that cannot be grown to the "
-                        f"largest page ({largest:,} B) by a whole multiple of its block size"
-                    )
-                grown[spec] = bigger
-            spec = grown[spec]
-        unified.append((name, spec))
-    return unified
-
-
-def split_into_groups(
-    named_specs: Sequence[tuple[str, SpecT]],
-) -> list[tuple[SpecT, list[list[str]]]]:
-    """vLLM 0.13's grouping of layers whose specs share one page size (module docstring, 4).
-
-    Layers are bucketed by equal spec, in order of first appearance; each bucket of ``n``
-    layers is cut into ``cdiv(n, group_size)`` groups, the ``k``-th taking every
-    ``cdiv(n, group_size)``-th layer from ``k``. Returns each bucket's spec (its first layer's)
-    and its groups' layer names.
-    """
-    buckets: dict[SpecT, list[str]] = {}  # keyed by the first layer's spec object
-    for name, spec in named_specs:
-        buckets.setdefault(spec, []).append(name)
-    if not buckets:
-        return []
-    sizes = [len(names) for names in buckets.values()]
-    group_size = min(sizes)
-    if max(sizes) < group_size * _GROUP_SIZE_SLACK:
-        group_size = max(sizes)
-    # Strided, not consecutive: with pipeline parallelism each stage holds a slice of every
-    # group's layers, and consecutive cuts would leave one stage's groups unevenly full.
-    split: list[tuple[SpecT, list[list[str]]]] = []
-    for spec, names in buckets.items():
-        num_groups = _cdiv(len(names), group_size)
-        split.append((spec, [names[k::num_groups] for k in range(num_groups)]))
-    return split
-
-
-def tensor_sharing(group_layer_names: Sequence[Sequence[str]]) -> list[list[str]]:
-    """The layers sharing each KV-cache tensor: tensor ``i`` holds layer ``i`` of every group
-    that has one (a block id names the same page in all of them)."""
-    width = max((len(names) for names in group_layer_names), default=0)
-    return [[names[i] for names in group_layer_names if i < len(names)] for i in range(width)]
-
-
-def num_blocks_for(memory_bytes: float, page_size_bytes: int, num_layers: int) -> int:
-    """Blocks ``memory_bytes`` holds when a block id costs one page in each of ``num_layers``
-    tensors (vLLM's ``get_num_blocks``; 0 for no or negative memory)."""
-    if page_size_bytes <= 0 or num_layers <= 0:
-        raise InvalidPlanArgument(
-            f"page size ({page_size_bytes!r}) and layers per block ({num_layers!r}) must be "
-            "positive"
-        )
-    return max(int(memory_bytes // page_size_bytes // num_layers), 0)
-
-
-def request_blocks(
-    kind: str,
-    block_size: int,
-    num_tokens: int,
-    *,
-    max_num_batched_tokens: int,
-    num_encoder_tokens: int,
-    sliding_window: int | None = None,
-    attention_chunk_size: int | None = None,
-) -> int:
-    """Blocks one layer of ``kind`` holds for a request of ``num_tokens`` tokens at its peak
-    (module docstring, 6): vLLM 0.13's ``max_memory_usage_bytes`` in pages.
-
-    Kinds: ``full``, ``mla``, ``sliding_window``, ``chunked_local``, ``cross_attention``,
-    ``mamba`` and ``encoder_only`` (no KV cache kept between steps: 0).
-    """
-    if kind in ("full", "mla", "mamba"):
-        return _cdiv(num_tokens, block_size)
-    if kind == "sliding_window" and sliding_window is not None:
-        held = min(sliding_window - 1 + max_num_batched_tokens, num_tokens)
-        return _cdiv(held, block_size) + 1  # the window may start mid-block
-    if kind == "chunked_local" and attention_chunk_size is not None:
-        return _cdiv(min(attention_chunk_size + max_num_batched_tokens, num_tokens), block_size)
-    if kind == "cross_attention":
-        return _cdiv(num_encoder_tokens, block_size)
-    if kind == "encoder_only":
-        return 0
-    raise InvalidPlanArgument(
-        f"no request size for a {kind!r} layer (sliding_window={sliding_window!r}, "
-        f"attention_chunk_size={attention_chunk_size!r})"
-    )
-
-
-def longest_fitting(fits: Callable[[int], bool], upper: int) -> int:
-    """The largest ``n`` in ``[1, upper]`` with ``fits(n)``, or 0 when ``fits(1)`` is false.
-    ``fits`` must be monotone: once false, false for every larger ``n`` (a binary search)."""
-    if not fits(1):
-        return 0
-    low, high = 1, upper  # fits(low) holds
-    while low < high:
-        middle = (low + high + 1) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
-def max_concurrency(num_blocks: int, blocks_per_request: int) -> float:
-    """Requests of ``blocks_per_request`` blocks that ``num_blocks`` blocks hold at once."""
-    if blocks_per_request <= 0:
-        raise InvalidPlanArgument(
-            f"a request holds {blocks_per_request!r} blocks: concurrency is unbounded"
-        )
-    return num_blocks / blocks_per_request
 
 
 # --- memory sizes --------------------------------------------------------------------------
@@ -671,26 +537,26 @@ def parse_memory(text: str) -> int:
     ``KB``/``MB``/``GB``/``TB`` powers of 1000. Fractions round down to whole bytes.
     """
     if not isinstance(text, str):
-        raise InvalidMemorySize(f"memory size must be a string, got {_shown(text)}")
+        raise InvalidMemorySize(f"memory size must be a string, got {shown(text)}")
     match = _MEMORY.fullmatch(text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
         raise InvalidMemorySize(
-            f"cannot read memory size {_shown(text)}; write e.g. 80GiB, 80GB, 512MiB or a "
+            f"cannot read memory size {shown(text)}; write e.g. 80GiB, 80GB, 512MiB or a "
             "byte count"
         )
     number = match.group(1)
     if len(number) > _MAX_MEMORY_DIGITS:
-        raise InvalidMemorySize(f"memory size {_shown(text)} is more than 2**63 - 1 bytes")
+        raise InvalidMemorySize(f"memory size {shown(text)} is more than 2**63 - 1 bytes")
     whole, _, fraction = number.partition(".")
     scale = _UNITS[unit]
     # Exact integer arithmetic: "0.1GiB" must not suffer float rounding.
     denominator = int(10 ** len(fraction))
     result = (int(whole or "0") * denominator + int(fraction or "0")) * scale // denominator
     if result <= 0:
-        raise InvalidMemorySize(f"memory size {_shown(text)} is not a positive number of bytes")
+        raise InvalidMemorySize(f"memory size {shown(text)} is not a positive number of bytes")
     if result > MAX_PLAN_INT:
-        raise InvalidMemorySize(f"memory size {_shown(text)} is more than 2**63 - 1 bytes")
+        raise InvalidMemorySize(f"memory size {shown(text)} is more than 2**63 - 1 bytes")
     return result
 
 

@@ -6,6 +6,8 @@ tests/test_audit.py audits them to check that the audit reports a non-conforming
 
 from __future__ import annotations
 
+from typing import SupportsIndex
+
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
@@ -13,13 +15,13 @@ from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 class ReversedAllocationPool(BlockPool):
     """Hands out newly allocated blocks in reverse of the free order (LRU order broken)."""
 
-    def get_new_blocks(self, num_blocks: int | object) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
         return list(reversed(super().get_new_blocks(num_blocks)))
 
 
 def take_until_none_missing(queue: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
-    """The stale-entry loop of `FreeKVCacheBlockQueue._take` on its own: read entries from the
-    head, skip the stale ones, stop when no block is missing. Handed a negative count, the
+    """The stale-entry loop of `FreeKVCacheBlockQueue.take_unchecked` on its own: read entries
+    from the head, skip the stale ones, stop when no block is missing. Handed a negative count, the
     number missing never reaches 0 and it spins for ever (the checker hang of issue 10)."""
     entries, stale = queue._entries, queue._stale
     live: list[KVCacheBlock] = []
@@ -36,7 +38,7 @@ class NegativeCountSpinsPool(BlockPool):
     """Checks only that the count fits in the pool (vLLM 0.13's check), so a negative count
     reaches the free queue's stale-entry loop, which spins: the target never returns."""
 
-    def get_new_blocks(self, num_blocks: int | object) -> list[KVCacheBlock]:
+    def get_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
         if type(num_blocks) is int and num_blocks < 0:
             return take_until_none_missing(self.free_block_queue, num_blocks)
         return super().get_new_blocks(num_blocks)

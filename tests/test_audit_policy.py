@@ -35,3 +35,33 @@ def test_broken_policy_class_is_caught(tmp_path: Path) -> None:
     rerun = subprocess.run([sys.executable, "-m", "pytest", "-q", str(written[0])], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 1, rerun.stdout
+
+
+def test_example_third_party_policy_conforms(tmp_path: Path) -> None:
+    """tests/example_policy.py, written against the public policy API only, passes the audit."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kvspec.cli", "audit", "--target",
+         "tests.example_policy:ReuseUnkeyedFirst", "--policy", "lru-lifo-unhashed",
+         "--layer", "pool", "--budget", "20", "--seed", "1", "--no-progress",
+         "--counterexamples", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_example_policy_uses_no_private_name_of_impl() -> None:
+    """The example reads impl only through public names: no ``x._name`` but its own, and no
+    ``from kvspec.impl... import _name``."""
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / "example_policy.py").read_text(encoding="utf-8"))
+    own = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    private = [
+        f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+        and not node.attr.startswith("__") and node.attr not in own
+    ] + [
+        f"line {node.lineno}: import {alias.name}" for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) for alias in node.names
+        if alias.name.startswith("_")
+    ]
+    assert private == []

@@ -44,8 +44,8 @@ def test_typed_errors_in_either_build() -> None:
     parameters that take user input are left unchecked so the typed error comes first."""
     pool = block_pool.BlockPool(4, True, 16)
     with pytest.raises(block_pool.InvalidBlockCountError, match=r"2\.5"):
-        pool.get_new_blocks(2.5)
+        pool.get_new_blocks(2.5)  # type: ignore[arg-type]
     with pytest.raises(block_pool.InvalidBlockHashError, match="'abc'"):
-        pool.get_cached_block("abc", [0])
+        pool.get_cached_block("abc", [0])  # type: ignore[arg-type]
     with pytest.raises(block_pool.InvalidBlockCountError, match="'4'"):
-        block_pool.BlockPool("4", True, 16)
+        block_pool.BlockPool("4", True, 16)  # type: ignore[arg-type]

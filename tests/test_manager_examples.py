@@ -1,4 +1,4 @@
-"""Directed scenarios for the KV-cache manager: each pins one rule of vLLM 0.13's on impl/ and
+"""Directed scenarios for the KV-cache manager: each pins one of vLLM 0.13's rules on impl/ and
 on the spec side by side (the machine finds such cases by search; these find them at once).
 """
 

@@ -444,6 +444,37 @@ def test_plan_command_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert info.value.code == 2
 
 
+def test_plan_command_takes_only_vllms_block_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM 0.13 takes ``--block-size`` from 1, 8, 16, 32, 64, 128, 256 (vllm/config/cache.py,
+    ``BlockSize``); any other is a one-line usage error, exit status 2."""
+    for size in cli.VLLM_BLOCK_SIZES:
+        assert cli.main(["plan", "Qwen3-8B", "--num-blocks", "11", "--block-size", str(size)]) == 0
+    capsys.readouterr()
+    for refused in ("15", "2", "512", "17"):
+        assert cli.main(["plan", "Llama-3.1-8B", "--memory", "80GiB", "--block-size", refused]) == 2
+        captured = capsys.readouterr()
+        lines = captured.err.splitlines()
+        assert captured.out == "" and len(lines) == 1, captured
+        assert lines[0].startswith("kvspec plan: error: --block-size") and repr(refused) in lines[0]
+
+
+def test_plan_command_refuses_a_budget_that_holds_no_block(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """vLLM refuses a KV-cache budget with no room for a block; so does ``kvspec plan``, with
+    one line naming the budget and what one block takes, and exit status 2 (not "0 blocks")."""
+    assert cli.main(["plan", "Llama-3.1-8B", "--memory", "1KiB"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1
+    assert "1 KiB (1,024 B) holds no block of Llama-3.1-8B" in captured.err
+    assert "2,097,152 B" in captured.err  # one block: 64 KiB pages x 32 layers
+    # One block's worth is a plan (the null block only), as --num-blocks 1 is.
+    assert cli.main(["plan", "Llama-3.1-8B", "--memory", "2MiB"]) == 0
+    assert "1 blocks (0 usable" in capsys.readouterr().out
+    with pytest.raises(InvalidMemorySize, match="1,024 B"):
+        plan_memory(get_layout("Llama-3.1-8B"), memory_bytes=1024)
+
+
 def test_plan_runs_as_a_module() -> None:
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run(

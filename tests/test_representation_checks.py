@@ -98,15 +98,15 @@ def test_map_check_names_the_broken_property() -> None:
     cache.insert(key, blocks[2])
     cache.pop(key, 2)
     cache._check()
-    cache._later[(0, HASHES[0])] = []
+    cache.later[(0, HASHES[0])] = []
     with pytest.raises(AssertionError, match="empty later list"):
         cache._check()
-    cache._later[(0, HASHES[1])] = [blocks[0]]
-    del cache._later[(0, HASHES[0])]
+    cache.later[(0, HASHES[1])] = [blocks[0]]
+    del cache.later[(0, HASHES[0])]
     with pytest.raises(AssertionError, match="which has no first block"):
         cache._check()
-    cache._later[(0, HASHES[0])] = [blocks[1]]
-    del cache._later[(0, HASHES[1])]
+    cache.later[(0, HASHES[0])] = [blocks[1]]
+    del cache.later[(0, HASHES[1])]
     with pytest.raises(AssertionError, match="block 1 is cached twice"):
         cache._check()
 
@@ -166,7 +166,7 @@ def _pool_with_a_shared_keyed_block() -> tuple[BlockPool, KVCacheBlock]:
 
 @pytest.mark.parametrize(("corrupt", "message"), [
     (lambda p, b: p._in_use.discard(b), "shared blocks not in use"),
-    (lambda p, b: setattr(b, "_extra_refs", 0), "has extra refs 0 but is shared"),
+    (lambda p, b: setattr(b, "extra_refs", 0), "has extra refs 0 but is shared"),
     (lambda p, b: (p._key_of.pop(b), p._group_of.pop(b)), "the map holds blocks"),
     (lambda p, b: p._group_of.__setitem__(p.blocks[4], 1), "_group_of lists a block"),
     (lambda p, b: p._key_of.__setitem__(b, HASHES[2]), "is keyed"),

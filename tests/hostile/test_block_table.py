@@ -29,7 +29,8 @@ from hypothesis import given, strategies as st
 
 from kvspec.impl import block_table as bt, slot_mapping_triton
 from kvspec.impl.block_table import BlockTable, MultiGroupBlockTable
-from kvspec.impl.utils import CpuGpuBuffer, as_int
+from kvspec.impl.checks import as_int
+from kvspec.impl.utils import CpuGpuBuffer
 from kvspec.spec import slot_mapping as spec
 from tests.hostile import BadCall, Verdict, check, judge
 from tests.hostile.values import (
@@ -853,6 +854,25 @@ def _enormous() -> st.SearchStrategy[Bad]:
     return st.sampled_from(ENORMOUS).map(_bad)
 
 
+@pytest.mark.parametrize("table", ["BlockTable", "MultiGroupBlockTable"])
+@pytest.mark.parametrize("kind", ["pcp", "dcp"])
+def test_a_rank_of_none_with_its_world_size_given_is_refused(table: str, kind: str) -> None:
+    """``pcp_rank=None`` means the process's rank, which belongs to the process's world size
+    (1 here): with ``pcp_world_size=2`` given it is refused, not taken as rank 0."""
+    context: dict[str, Any] = {f"{kind}_world_size": 2, f"{kind}_rank": None}
+
+    def build(_: Any) -> object:
+        if table == "BlockTable":
+            return BlockTable(**{**_TABLE_ARGUMENTS, **context})
+        return MultiGroupBlockTable(2, 16, 8, False, DEVICE, [4], [4], **context)
+
+    call = _call(f"{table}({kind}_world_size=2, {kind}_rank=None)", build,
+                 _bad(None, "None", f"{kind}_rank=None"), operation=f"{kind}_rank")
+    verdict, detail = judge(None, lambda _: None, call)
+    if verdict is not Verdict.REFUSED:
+        raise AssertionError(f"{call.describe}\n  {verdict.value}\n  {detail}")
+
+
 @given(st.data())
 def test_block_table_constructor_refuses_bad_arguments(data: st.DataObject) -> None:
     which = data.draw(st.sampled_from([*_SIZES, "pin_memory", "device", "pcp_rank",
@@ -884,9 +904,9 @@ def test_block_table_constructor_refuses_bad_arguments(data: st.DataObject) -> N
         arguments[which] = bad.value
     elif which in ("pcp_rank", "dcp_rank"):
         arguments[which.replace("rank", "world_size")] = 2
-        # (None is valid: the process's own rank.)
-        bad = data.draw(bad_int(0, 1).filter(lambda b: not isinstance(b.value, list)
-                                             and b.value is not None))
+        # None too: the process's own rank, which belongs to the process's world size (1),
+        # not to the world size of 2 given here.
+        bad = data.draw(bad_int(0, 1).filter(lambda b: not isinstance(b.value, list)))
         accepted = _numpy_in_range(bad, 0, 1)
         arguments[which] = bad.value
     elif which == "slot_mapping_backend":

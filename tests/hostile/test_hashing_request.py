@@ -93,6 +93,15 @@ def _b(value: Any, label: str | None = None, *named: str) -> Bad:
     return Bad(value, label if label is not None else repr(value), tuple(named))
 
 
+def _numpy_integer(bad: Bad, valid: Callable[[int], bool] = lambda _: True) -> str:
+    """The acceptance reason when ``bad`` is a numpy integer whose value ``valid`` takes (impl's
+    one integer rule, docs/hostile-input.md), else ''."""
+    value = bad.value
+    if isinstance(value, np.integer) and not isinstance(value, np.bool_) and valid(int(value)):
+        return "a numpy integer in range: impl's integer arguments take numpy's, converted"
+    return ""
+
+
 def returns(value: Any) -> Callable[[Any], Any]:
     """A hash function that returns ``value`` whatever it is given."""
     def hash_fn(payload: Any) -> Any:
@@ -390,7 +399,8 @@ def _group_id_keys(draw: st.DrawFn) -> BadCall:
         bad = draw(bad_int(0, 2**32 - 1))
         return _call(f"make_block_hash_with_group_id(b'h', {bad.label})",
                      lambda _: hashing.make_block_hash_with_group_id(
-                         hashing.BlockHash(b"h"), bad.value), bad)
+                         hashing.BlockHash(b"h"), bad.value), bad,
+                     accepted=_numpy_integer(bad, lambda v: 0 <= v < 2**32))
     if which == "maybe_convert_block_hash":
         bad = draw(not_bytes())
         as_int = draw(st.booleans())
@@ -426,9 +436,10 @@ def _tensor_data(draw: st.DrawFn) -> BadCall:
 @st.composite
 def _get_request_block_hasher(draw: st.DrawFn) -> BadCall:
     if draw(st.booleans()):
-        bad = draw(bad_positive())
+        bad = draw(bad_positive(hashing.MAX_BLOCK_SIZE))
         return _call(f"get_request_block_hasher({bad.label}, sha256)",
-                     lambda _: hashing.get_request_block_hasher(bad.value, hashing.sha256), bad)
+                     lambda _: hashing.get_request_block_hasher(bad.value, hashing.sha256), bad,
+                     accepted=_numpy_integer(bad, lambda v: 0 < v <= hashing.MAX_BLOCK_SIZE))
     bad = draw(st.sampled_from(_BAD_HASH_FNS[:4]))
     return _call(f"get_request_block_hasher(2, {bad.label})",
                  lambda _: hashing.get_request_block_hasher(2, bad.value), bad)
@@ -627,9 +638,11 @@ def hasher_bad_calls(draw: st.DrawFn, request: FakeRequest) -> BadCall:
 def _extra_keys_arguments(draw: st.DrawFn, request: FakeRequest) -> BadCall:
     which = draw(st.sampled_from(["start", "end", "range", "mm index"]))
     args: list[Any] = [request, 0, 2, 0]
+    accepted = ""
     if which in ("start", "end"):
         bad = draw(not_an_int())
         args[1 if which == "start" else 2] = bad.value
+        accepted = _numpy_integer(bad, lambda v: 0 <= v < 2 if which == "start" else v > 0)
     elif which == "range":
         start, end = draw(st.sampled_from([(-1, 1), (2, 2), (3, 1), (-5, -2)]))
         args[1:3] = [start, end]
@@ -640,7 +653,7 @@ def _extra_keys_arguments(draw: st.DrawFn, request: FakeRequest) -> BadCall:
         args[3] = bad.value
     return _call(f"generate_block_hash_extra_keys(<request>, {args[1]!r}, {args[2]!r}, "
                  f"{args[3]!r})", lambda _: hashing.generate_block_hash_extra_keys(*args), bad,
-                 operation="generate_block_hash_extra_keys")
+                 operation="generate_block_hash_extra_keys", accepted=accepted)
 
 
 @given(st.data())
@@ -754,7 +767,8 @@ def _get_num_encoder_embeds(draw: st.DrawFn, request: Request) -> BadCall:
     bad = draw(bad_int(0, count - 1) if count else st.one_of(not_an_int(),
                                                               st.integers(-3, 3).map(_b)))
     return _call(f"request.get_num_encoder_embeds({bad.label})",
-                 lambda r: r.get_num_encoder_embeds(bad.value), bad)
+                 lambda r: r.get_num_encoder_embeds(bad.value), bad,
+                 accepted=_numpy_integer(bad, lambda v: 0 <= v < count))
 
 
 @st.composite
@@ -839,8 +853,10 @@ def _constructor_bad(draw: Draw, which: str) -> tuple[Bad, dict[str, Any], str]:
         bad = draw(st.sampled_from([_b(5), _b(b"salt"), _b(["salt"]), _b(Opaque())]))
     elif which in ("eos_token_id", "priority"):
         bad = draw(not_an_int().filter(lambda b: b.value is not None))
+        accepted = _numpy_integer(bad)
     elif which == "client_index":
         bad = draw(bad_int(0))
+        accepted = _numpy_integer(bad, lambda v: v >= 0)
     elif which == "arrival_time":
         bad = draw(st.sampled_from([_b("now"), _b(float("nan"), "nan", "nan"), _b([1.0]),
                                     _b(True)]))
@@ -979,6 +995,7 @@ def view_bad_calls(draw: st.DrawFn, subject: ViewSubject) -> BadCall:
     arg = draw(st.sampled_from(["block_hashes", "hash_block_size", "target_block_size",
                                 "not a multiple"]))
     args: list[Any] = [subject.fine, 2, 4]
+    accepted = ""
     if arg == "block_hashes":
         bad = draw(st.sampled_from([_b(None), _b((b"a",)), _b(b"ab"), _b(Opaque())]))
         args[0] = bad.value
@@ -986,16 +1003,52 @@ def view_bad_calls(draw: st.DrawFn, subject: ViewSubject) -> BadCall:
         args[1:] = [4, 6]
         bad = _b(6)
     else:
-        bad = draw(bad_positive())
+        bad = draw(bad_positive(hashing.MAX_BLOCK_SIZE))
         args[1 if arg == "hash_block_size" else 2] = bad.value
+        sizes = [int(v) if isinstance(v, np.integer) else v for v in args[1:]]
+        accepted = _numpy_integer(bad, lambda v: 0 < v <= hashing.MAX_BLOCK_SIZE
+                                  and sizes[1] % sizes[0] == 0)
     return _call(f"BlockHashListWithBlockSize(<{arg}: {bad.label}>)",
-                 lambda _: hashing.BlockHashListWithBlockSize(*args), bad, operation="constructor")
+                 lambda _: hashing.BlockHashListWithBlockSize(*args), bad, operation="constructor",
+                 accepted=accepted)
 
 
 @given(st.data())
 def test_coarse_view_refuses_bad_calls_and_changes_nothing(data: st.DataObject) -> None:
     subject = data.draw(views())
     check(subject, lambda s: tuple(s.fine), data.draw(view_bad_calls(subject)))
+
+
+@pytest.mark.parametrize("size", [2**31, 2**32, 2**64, np.uint64(2**63)])
+def test_block_sizes_past_the_bound_are_refused(size: Any) -> None:
+    """A block size past ``MAX_BLOCK_SIZE`` (2**31 - 1: no KV-cache block of vLLM's worker is
+    longer) is refused by the request block hasher and the coarse view, naming it."""
+    bad = _b(size, repr(size), str(int(size)))
+    calls = [
+        _call(f"get_request_block_hasher({size!r}, sha256)",
+              lambda _: hashing.get_request_block_hasher(size, hashing.sha256), bad),
+        _call(f"BlockHashListWithBlockSize([], 1, {size!r})",
+              lambda _: hashing.BlockHashListWithBlockSize([], 1, size), bad),
+        _call(f"BlockHashListWithBlockSize([], {size!r}, {size!r})",
+              lambda _: hashing.BlockHashListWithBlockSize([], size, size), bad),
+    ]
+    for call in calls:
+        verdict, detail = judge(None, lambda _: None, call)
+        if verdict not in ALLOWED or verdict.name != "REFUSED":
+            raise AssertionError(f"{call.describe}\n  {verdict.value}\n  {detail}")
+
+
+def test_numpy_block_sizes_are_taken_as_ints() -> None:
+    """impl's one integer rule: a numpy integer block size is taken, as the plain int."""
+    request = Request("r", [1, 2, 3, 4, 5],
+                      block_hasher=hashing.get_request_block_hasher(np.int64(2), hashing.sha256))
+    reference = Request("r", [1, 2, 3, 4, 5],
+                        block_hasher=hashing.get_request_block_hasher(2, hashing.sha256))
+    assert request.block_hashes == reference.block_hashes and len(request.block_hashes) == 2
+    view = hashing.BlockHashListWithBlockSize(list(request.block_hashes), np.int32(1),
+                                              np.uint8(2))
+    assert type(view.hash_block_size) is int and type(view.target_block_size) is int
+    assert view[0] == b"".join(request.block_hashes)
 
 
 def test_constant_list_is_a_list() -> None:

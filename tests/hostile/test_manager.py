@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 from hypothesis import given, strategies as st
 
 from kvspec.conformance.manager_machine import (
@@ -62,19 +63,39 @@ from kvspec.impl.single_type_kv_cache_manager import (
     SlidingWindowManager,
     get_manager_for_kv_cache_spec,
 )
-from tests.hostile import BadCall, Verdict, check, judge
+from tests.hostile import BadCall, Verdict, check, judge, values
 from tests.hostile.test_pool import PoolSubject, pool_snapshot
 from tests.hostile.values import (
     Bad,
     Opaque,
-    bad_count,
-    bad_int,
-    bad_positive,
     not_a_bool,
-    not_an_int,
     not_bytes,
     not_iterable,
 )
+
+
+# impl's one integer rule (docs/hostile-input.md): an integer argument is an int or a numpy
+# integer, converted. The shared bad values hold np.int64(3), which is an integer in range
+# wherever they are drawn here: it is no bad value for the manager stack, and
+# test_numpy_integer_arguments_are_taken below checks that it is taken.
+def _no_numpy_integer(strategy: st.SearchStrategy[Bad]) -> st.SearchStrategy[Bad]:
+    return strategy.filter(lambda bad: not isinstance(bad.value, np.integer))
+
+
+def bad_int(low: int, high: int | None = None) -> st.SearchStrategy[Bad]:
+    return _no_numpy_integer(values.bad_int(low, high))
+
+
+def bad_count(high: int | None = None) -> st.SearchStrategy[Bad]:
+    return _no_numpy_integer(values.bad_count(high))
+
+
+def bad_positive(high: int | None = None) -> st.SearchStrategy[Bad]:
+    return _no_numpy_integer(values.bad_positive(high))
+
+
+def not_an_int() -> st.SearchStrategy[Bad]:
+    return _no_numpy_integer(values.not_an_int())
 
 # Token counts and sizes are int64 on vLLM's worker (positions, slot mappings).
 MAX_TOKENS = 2**63 - 1
@@ -1523,3 +1544,27 @@ def test_an_empty_prompt_gets_slots_and_no_hit() -> None:
     blocks = manager.allocate_slots(request, 3, num_lookahead_tokens=2)
     assert blocks is not None
     assert len(manager.get_block_ids("0")[0]) == 2
+
+
+def test_numpy_integer_arguments_are_taken() -> None:
+    """impl's integer rule: numpy integers are integer arguments, converted to ints once."""
+    layout = LAYOUTS[0]
+    manager = KVCacheManager(layout.build(16), max_model_len=np.int64(64),
+                             hash_block_size=np.int32(layout.hash_block_size))
+    assert type(manager.max_model_len) is int and manager.max_model_len == 64
+
+    def request() -> Request:
+        return Request("np", list(range(9)), block_hasher=get_request_block_hasher(
+            layout.hash_block_size, sha256))
+
+    blocks = manager.allocate_slots(request(), np.int64(9), num_lookahead_tokens=np.int16(1))
+    assert blocks is not None
+    plain = KVCacheManager(layout.build(16), max_model_len=64,
+                           hash_block_size=layout.hash_block_size)
+    expected = plain.allocate_slots(request(), 9, num_lookahead_tokens=1)
+    assert expected is not None and blocks.get_block_ids() == expected.get_block_ids()
+    coordinator = manager.coordinator
+    assert coordinator.get_num_blocks_to_allocate("np", np.int64(12), ((),), np.int8(0)) == \
+        coordinator.get_num_blocks_to_allocate("np", 12, ((),), 0)
+    single = coordinator.single_type_managers[0]
+    assert single.get_num_skipped_tokens(np.uint8(5)) == 0

@@ -13,9 +13,16 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
-from kvspec.impl.block_pool import BlockHashToBlockMap, BlockPool
+from kvspec.impl.block_pool import (
+    MAX_NUM_GPU_BLOCKS,
+    BlockHashToBlockMap,
+    BlockPool,
+    InvalidBlockCountError,
+)
 from kvspec.impl.hashing import get_request_block_hasher, sha256
 from kvspec.impl.kv_cache_metrics import KVCacheMetricsCollector
 from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
@@ -102,7 +109,7 @@ def pools(draw: st.DrawFn) -> PoolSubject:
 def pool_snapshot(subject: PoolSubject) -> object:
     pool = subject.pool
     blocks = list(pool.blocks)
-    collector = pool.metrics_collector
+    collector: Any = pool.metrics_collector  # impl's collector: its recorded samples
     return (
         tuple((b.ref_cnt, b.block_hash) for b in blocks if not b.is_null),
         tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
@@ -370,7 +377,9 @@ def test_block_pool_constructor_refuses_bad_arguments(data: st.DataObject) -> No
                                        "enable_kv_cache_events", "metrics_collector"]))
     args: dict[str, Any] = {"num_gpu_blocks": 4, "enable_caching": True, "hash_block_size": 2,
                             "enable_kv_cache_events": False, "metrics_collector": None}
-    if which in ("num_gpu_blocks", "hash_block_size"):
+    if which == "num_gpu_blocks":
+        bad = data.draw(bad_positive(MAX_NUM_GPU_BLOCKS))
+    elif which == "hash_block_size":
         bad = data.draw(bad_positive())
     elif which == "metrics_collector":
         bad = data.draw(st.sampled_from([Bad(Opaque(), "Opaque()"), Bad(1.0, "1.0")]))
@@ -379,6 +388,35 @@ def test_block_pool_constructor_refuses_bad_arguments(data: st.DataObject) -> No
     args[which] = bad.value
     check(None, lambda _: None, _call(f"BlockPool({which}={bad.label})",
                                        lambda _: BlockPool(**args), bad))
+
+
+def test_block_pool_of_2_64_blocks_is_a_typed_refusal() -> None:
+    """Block ids are int32 in vLLM's block tables: a pool of more than 2**31 blocks is refused,
+    typed and naming the value, never with Python's bare OverflowError or MemoryError."""
+    for num_blocks in (2**31 + 1, 2**32, 2**63, 2**64):
+        with pytest.raises(InvalidBlockCountError, match=str(num_blocks)):
+            BlockPool(num_gpu_blocks=num_blocks, enable_caching=True, hash_block_size=2)
+
+
+def test_block_pool_takes_numpy_integers_as_ints() -> None:
+    """impl's one rule for integers: a numpy integer is taken as the int it holds, once, where
+    the pool takes ints (a bool or a float is still refused)."""
+    pool = BlockPool(np.int64(6), True, np.int32(2), max_pending_kv_events=np.uint8(8))
+    assert (pool.num_gpu_blocks, pool.hash_block_size, pool.max_pending_kv_events) == (6, 2, 8)
+    assert type(pool.num_gpu_blocks) is int and type(pool.hash_block_size) is int
+    blocks = pool.get_new_blocks(np.int64(2))
+    assert len(blocks) == 2 and pool.blocks[np.int16(blocks[0].block_id)] is blocks[0]  # type: ignore[call-overload]
+    request = type("R", (), {"block_hashes": [b"h0", b"h1"], "all_token_ids": [1, 2, 3, 4],
+                             "lora_request": None})()
+    pool.cache_full_blocks(request, blocks, np.int64(0), np.int64(2), np.int64(2), np.int64(0))
+    assert pool.get_cached_block(b"h0", [np.int64(0)]) == [blocks[0]]
+    hashes: list[Any] = [b"h0", b"h1"]
+    assert pool.get_cached_prefix(hashes, np.int8(0), np.int64(5)) == blocks
+    pool.evict_blocks([np.int64(blocks[1].block_id)])
+    assert blocks[1].block_hash is None
+    with pytest.raises(InvalidBlockCountError):
+        pool.get_new_blocks(np.float64(1.0))  # type: ignore[arg-type]
+    pool.check_representation()
 
 
 # ---------------------------------------------------------------------- free queue

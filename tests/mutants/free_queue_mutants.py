@@ -1,8 +1,9 @@
 """Free-queue mutants: bugs in FreeKVCacheBlockQueue's public API that the pool never reaches.
 
-The pool moves its blocks through the queue's unchecked ``_take``/``_extend``/``_remove_free``
-after checking every call itself, so these bugs pass the pool machine; the free-queue layer
-(tests/test_free_queue_machine.py) drives the queue on its own and must kill each one.
+The pool moves its blocks through the queue's ``take_unchecked``/``extend_unchecked``/
+``remove_unchecked`` after checking every call itself, so these bugs pass the pool machine;
+the free-queue layer (tests/test_free_queue_machine.py) drives the queue on its own and must
+kill each one.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def popleft_n_lowers_count_before_refusing() -> None:
         if self.num_free_blocks < 0:
             raise NoFreeBlocksError(f"cannot pop {n} blocks")
         self.num_free_blocks += n
-        return self._take(n)
+        return self.take_unchecked(n)
     replace(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
 
 
@@ -46,7 +47,7 @@ def popleft_n_accepts_negative() -> None:
         if n < 0:
             self.num_free_blocks -= n
             return []
-        return self._take(n)
+        return self.take_unchecked(n)
     replace(FreeKVCacheBlockQueue, "popleft_n", popleft_n)
 
 
@@ -55,7 +56,7 @@ def remove_of_unqueued_block_corrupts() -> None:
     which lowers the count and later skips one of the block's future entries."""
     def remove(self: FreeKVCacheBlockQueue, block: Any) -> None:
         self._refuse_for_pool("remove")
-        self._remove_free([block])
+        self.remove_unchecked([block])
     replace(FreeKVCacheBlockQueue, "remove", remove)
 
 

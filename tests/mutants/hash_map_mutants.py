@@ -1,8 +1,8 @@
 """Prefix-cache map mutants: bugs in BlockHashToBlockMap's own API, each planted into impl/.
 
-The pool reaches the map through ``_insert``/``_remove`` and its own group dicts, so bugs in
-the map's public ``pop``/``get_one_block``/``len`` pass the pool machine; the hash-map layer
-(tests/test_hash_map_machine.py) must kill each one.
+The pool reaches the map through ``insert_unchecked``/``remove_unchecked`` and its own group
+dicts, so bugs in the map's public ``pop``/``get_one_block``/``len`` pass the pool machine;
+the hash-map layer (tests/test_hash_map_machine.py) must kill each one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def pop_leaves_empty_entry() -> None:
     """pop of a key's last block leaves the key in the map, holding no blocks: len() counts
     it and items() lists it (a dict of lists whose emptied list is never deleted)."""
     emptied: dict[int, set[bytes]] = {}
-    original_remove, original_insert = BlockHashToBlockMap._remove, BlockHashToBlockMap._insert
+    original_remove = BlockHashToBlockMap.remove_unchecked
+    original_insert = BlockHashToBlockMap.insert_unchecked
     original_len, original_items = BlockHashToBlockMap.__len__, BlockHashToBlockMap.items
 
     def _remove(self: BlockHashToBlockMap, group_id: int, block_hash: bytes,
@@ -44,8 +45,8 @@ def pop_leaves_empty_entry() -> None:
         for key in sorted(emptied.get(id(self), ())):
             yield key, []
 
-    replace(BlockHashToBlockMap, "_remove", _remove)
-    replace(BlockHashToBlockMap, "_insert", _insert)
+    replace(BlockHashToBlockMap, "remove_unchecked", _remove)
+    replace(BlockHashToBlockMap, "insert_unchecked", _insert)
     replace(BlockHashToBlockMap, "__len__", __len__)
     replace(BlockHashToBlockMap, "items", items)
 
@@ -68,7 +69,7 @@ def pop_ignores_block_id() -> None:
         blocks = self._blocks(group_id, block_hash)
         if not blocks:
             return None
-        self._remove(group_id, block_hash, blocks[0])
+        self.remove_unchecked(group_id, block_hash, blocks[0])
         return blocks[0]
     replace(BlockHashToBlockMap, "pop", pop)
 

@@ -155,6 +155,19 @@ def kernel_expansion_unchecked() -> None:
     replace(bt, "kernel_block_ids", kernel_block_ids)
 
 
+def rank_none_taken_from_process() -> None:
+    """A rank of None is the process's rank even with a world size given: ``pcp_world_size=2,
+    pcp_rank=None`` builds a table as rank 0 of 2 outside any context-parallel group (the
+    issue's ``BlockTable(pcp_rank=None)``)."""
+    def context_parallel(pcp_world_size: Any, pcp_rank: Any, dcp_world_size: Any,
+                         dcp_rank: Any) -> tuple[Any, Any, Any, Any]:
+        return (1 if pcp_world_size is None else pcp_world_size,
+                0 if pcp_rank is None else pcp_rank,
+                1 if dcp_world_size is None else dcp_world_size,
+                0 if dcp_rank is None else dcp_rank)
+    replace(bt, "_context_parallel", context_parallel)
+
+
 def _mutant(name: str, plant: Any, *checker: str, killed_by: str = "") -> Mutant:
     description = " ".join((plant.__doc__ or "").split())
     return Mutant(name, description, plant, checker or (SUITE,), killed_by)
@@ -181,4 +194,7 @@ MUTANTS: list[Mutant] = [
             killed_by="neither a ValueError nor a LookupError"),
     _mutant("hostile_bt_kernel_expansion_unchecked", kernel_expansion_unchecked,
             f"{SUITE}::test_slot_helpers_refuse_bad_arguments"),
+    _mutant("hostile_bt_rank_none_taken_from_process", rank_none_taken_from_process,
+            f"{SUITE}::test_a_rank_of_none_with_its_world_size_given_is_refused",
+            killed_by="accepted without a word"),
 ]

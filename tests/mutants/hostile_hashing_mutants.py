@@ -31,14 +31,14 @@ def append_not_atomic() -> None:
 def salt_unchecked() -> None:
     """Request takes any cache_salt (an int, bytes): the request is built, and its hashing
     fails later, or hashes a salt of another type."""
-    replace(request_module, "_check_cache_salt", lambda salt: salt)
+    replace(request_module, "check_cache_salt", lambda salt: salt)
 
 
 def overlapping_features_accepted() -> None:
     """Multimodal features are checked for order only, not for overlap: a feature inside
     another is left out of the blocks it covers (the walk stops at the outer one), so two
     requests with different inner features share those blocks."""
-    original = hashing._check_mm_features
+    original = hashing.check_mm_features
 
     def check_mm_features(mm_features: Any) -> Any:
         features = sorted(mm_features or (), key=lambda f: f.mm_position.offset)
@@ -46,8 +46,8 @@ def overlapping_features_accepted() -> None:
             return original(mm_features)  # unsorted: still refused
         return tuple((f.identifier, f.mm_position.offset, f.mm_position.length)
                      for f in features)
-    replace(hashing, "_check_mm_features", check_mm_features)
-    replace(request_module, "_check_mm_features", check_mm_features)
+    replace(hashing, "check_mm_features", check_mm_features)
+    replace(request_module, "check_mm_features", check_mm_features)
 
 
 def not_a_request_untyped() -> None:
@@ -94,6 +94,26 @@ def plugin_keeps_tagged_keys() -> None:
     replace(vllm_plugin, "install", install)
 
 
+def block_size_unbounded() -> None:
+    """The request block hasher and the coarse view take any positive block size: 2**32 and
+    beyond are accepted (the issue's defect), sizes no KV-cache block of vLLM's worker has."""
+    def block_size(what: str, value: Any) -> int:
+        if type(value) is not int or value <= 0:
+            raise hashing.InvalidBlockSizeError(f"{what} must be a positive int, got {value!r}")
+        return value
+    replace(hashing, "_block_size", block_size)
+
+
+def numpy_block_size_refused() -> None:
+    """The hashing functions take a block size of Python's int only: np.int64(16), which the
+    pool and the block tables take (impl's one integer rule), is refused here."""
+    def block_size(what: str, value: Any) -> int:
+        if type(value) is not int or not 0 < value <= hashing.MAX_BLOCK_SIZE:
+            raise hashing.InvalidBlockSizeError(f"{what} must be a positive int, got {value!r}")
+        return value
+    replace(hashing, "_block_size", block_size)
+
+
 def _mutant(name: str, plant: Any, checker: str, killed_by: str = "") -> Mutant:
     description = " ".join((plant.__doc__ or "").split())
     return Mutant(name, description, plant, (checker,), killed_by)
@@ -119,6 +139,10 @@ MUTANTS: list[Mutant] = [
             BAD_REQUESTS),
     _mutant("hostile_token_refusal_unnamed", token_refusal_unnamed,
             f"{HOSTILE}::{HASHING_CALLS}", HASHING_CALLS),
+    _mutant("hostile_hash_block_size_unbounded", block_size_unbounded,
+            f"{HOSTILE}::test_block_sizes_past_the_bound_are_refused", "accepted without a word"),
+    _mutant("hostile_hash_numpy_block_size_refused", numpy_block_size_refused,
+            f"{HOSTILE}::test_numpy_block_sizes_are_taken_as_ints", "InvalidBlockSizeError"),
     _mutant("isolation_lora_key_untagged", lora_key_untagged,
             f"{ISOLATION}::test_tagged_keys_never_share_a_block_across_tenants",
             "test_tagged_keys_never_share_a_block_across_tenants"),

@@ -6,6 +6,7 @@ the value. Most are the stack as it was before the suite; each is killed by the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from itertools import chain
 from typing import Any
@@ -31,26 +32,27 @@ def keys_checked_after_allocating() -> None:
     """allocate_slots leaves the request's hashes (and event fields) to the pool, which reads
     them in stage 5, after the blocks are allocated: a hash that is not bytes leaves the
     request holding blocks it was refused."""
-    replace(coord.KVCacheCoordinator, "_check_keys", lambda self, *args: None)
+    replace(coord.KVCacheCoordinator, "check_keys", lambda self, *args: None)
 
 
 def computed_tokens_trusted() -> None:
     """allocate_slots takes request.num_computed_tokens as it comes: a count beyond the
     request's slots makes stage 1 free blocks the request still attends to."""
-    replace(coord.KVCacheCoordinator, "_check_computed_tokens", lambda self, *args: None)
-    replace(coord.UnitaryKVCacheCoordinator, "_check_computed_tokens", lambda self, *args: None)
+    replace(coord.KVCacheCoordinator, "check_computed_tokens", lambda self, *args: None)
+    replace(coord.UnitaryKVCacheCoordinator, "check_computed_tokens", lambda self, *args: None)
 
 
 def max_model_len_unbounded() -> None:
-    """The coordinator checks max_model_len is a positive int, with no upper bound: 2**64 is
+    """The settings check max_model_len is a positive int, with no upper bound: 2**64 is
     accepted."""
-    original = coord.check_coordinator_arguments
+    original = coord.check_settings
 
     def check(max_model_len: Any, *args: Any) -> Any:
         checked = original(1 if type(max_model_len) is int and max_model_len > 0
                            else max_model_len, *args)
-        return (max_model_len, *checked[1:])
-    replace(coord, "check_coordinator_arguments", check)
+        return dataclasses.replace(checked, max_model_len=max_model_len)
+    for module in (coord, kvm):
+        replace(module, "check_settings", check)
 
 
 def blocks_add_unchecked() -> None:
@@ -66,7 +68,7 @@ def blocks_add_unchecked() -> None:
 def hits_trusted() -> None:
     """allocate_slots checks the hits' shape but not that they are the request's cache hits:
     a block of another pool, a block handed back, another prompt's block, is attached."""
-    replace(coord.KVCacheCoordinator, "_check_hits", lambda self, *args: None)
+    replace(coord.KVCacheCoordinator, "check_hits", lambda self, *args: None)
 
 
 def hit_memo_ignores_changes() -> None:
@@ -96,7 +98,7 @@ def coordinator_allocates_group_by_group() -> None:
     pool has leaves the first groups' blocks (or a new empty entry) behind."""
     def allocate_new_blocks(self: coord.KVCacheCoordinator, request_id: Any, num_tokens: Any,
                             num_encoder_tokens: Any = 0) -> Any:
-        return self._allocate_new_blocks(stm.check_request_id(request_id),
+        return self.allocate_new_blocks_unchecked(stm.check_request_id(request_id),
                                          stm.check_count("num_tokens", num_tokens),
                                          stm.check_count("num_encoder_tokens",
                                                          num_encoder_tokens))
@@ -113,8 +115,8 @@ def request_id_unchecked() -> None:
 def uncached_coordinator_keys_counts() -> None:
     """Without prefix caching the coordinator still runs every group's cache_blocks: the
     decoder group records keyed counts, then cross-attention raises."""
-    replace(coord.KVCacheCoordinatorNoPrefixCache, "_cache_blocks",
-            coord.KVCacheCoordinator._cache_blocks)
+    replace(coord.KVCacheCoordinatorNoPrefixCache, "cache_blocks_unchecked",
+            coord.KVCacheCoordinator.cache_blocks_unchecked)
 
 
 def mamba_shapes_coerced() -> None:
@@ -150,7 +152,7 @@ def lookup_trusts_the_request() -> None:
     def get_computed_blocks(self: kvm.KVCacheManager, request: Any) -> Any:
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
-        blocks, num_hits = self.coordinator._find_longest_cache_hit(
+        blocks, num_hits = self.coordinator.find_longest_cache_hit_unchecked(
             request.block_hashes, request.num_tokens - 1)
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(request.num_tokens, num_hits,

@@ -102,6 +102,21 @@ def refusal_names_nothing() -> None:
     replace(bp.BlockPool, "get_new_blocks", get_new_blocks)
 
 
+def num_gpu_blocks_unbounded() -> None:
+    """BlockPool takes a num_gpu_blocks of any size: 2**64 gets Python's bare OverflowError
+    (no list of that many slots can be made) and 2**40 a bare MemoryError, instead of a typed
+    refusal. Simulated, not run: a list of 2**32 slots would take 32 GiB."""
+    original = bp.BlockPool.__init__
+
+    def init(self: bp.BlockPool, num_gpu_blocks: Any, *args: Any, **kwargs: Any) -> None:
+        if type(num_gpu_blocks) is int and num_gpu_blocks > bp.MAX_NUM_GPU_BLOCKS:
+            if num_gpu_blocks >= 2**63:
+                raise OverflowError("cannot fit 'int' into an index-sized integer")
+            raise MemoryError
+        original(self, num_gpu_blocks, *args, **kwargs)
+    replace(bp.BlockPool, "__init__", init)
+
+
 def _mutant(name: str, plant: Any) -> Mutant:
     description = " ".join((plant.__doc__ or "").split())
     return Mutant(name, description, plant, (POOL,))
@@ -114,4 +129,5 @@ MUTANTS: list[Mutant] = [
     _mutant("hostile_hash_block_size_unchecked", hash_block_size_unchecked),
     _mutant("hostile_evict_checks_as_it_goes", evict_checks_as_it_goes),
     _mutant("hostile_refusal_names_nothing", refusal_names_nothing),
+    _mutant("hostile_num_gpu_blocks_unbounded", num_gpu_blocks_unbounded),
 ]

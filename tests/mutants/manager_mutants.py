@@ -71,7 +71,7 @@ def hybrid_single_pass() -> None:
         hit_length = max_cache_hit_length
         found_by_type = []
         for spec, group_ids, manager_class in self._lookups:
-            found = manager_class._find_longest_cache_hit(
+            found = manager_class.find_longest_cache_hit_unchecked(
                 self._hashes_for(block_hashes, spec.block_size), hit_length, group_ids,
                 self.block_pool, spec, self.use_eagle, self.lcm_block_size)
             found_by_type.append(found)
@@ -81,7 +81,8 @@ def hybrid_single_pass() -> None:
             for group_id, blocks in zip(group_ids, found, strict=True):
                 per_group[group_id] = list(blocks[: hit_length // spec.block_size])
         return tuple(per_group), hit_length
-    replace(coord.HybridKVCacheCoordinator, "_find_longest_cache_hit", find_longest_cache_hit)
+    replace(coord.HybridKVCacheCoordinator, "find_longest_cache_hit_unchecked",
+            find_longest_cache_hit)
 
 
 def lookahead_tokens_cached() -> None:
@@ -112,7 +113,7 @@ def free_forward_order() -> None:
         if blocks:
             self.block_pool.free_blocks(blocks)
         self.num_cached_block.pop(request_id, None)
-    replace(stm.SingleTypeKVCacheManager, "_free", free)
+    replace(stm.SingleTypeKVCacheManager, "free_unchecked", free)
 
 
 def evictable_hits_cost_nothing() -> None:
@@ -123,7 +124,7 @@ def evictable_hits_cost_nothing() -> None:
                                    new_computed_blocks: Sequence[KVCacheBlock]) -> int:
         held = self.req_to_blocks.get(request_id) or []
         return -(-num_tokens // self.block_size) - len(new_computed_blocks) - len(held)
-    replace(stm.SingleTypeKVCacheManager, "_num_blocks_to_allocate",
+    replace(stm.SingleTypeKVCacheManager, "get_num_blocks_to_allocate_unchecked",
            get_num_blocks_to_allocate)
 
 
@@ -180,7 +181,7 @@ def common_prefix_counts_shared_blocks() -> None:
                 break
             count += 1
         return count
-    replace(stm.FullAttentionManager, "_num_common_prefix_blocks",
+    replace(stm.FullAttentionManager, "get_num_common_prefix_blocks_unchecked",
            get_num_common_prefix_blocks)
 
 

@@ -1,5 +1,6 @@
 """KV-cache planning mutants: bugs in the sizing arithmetic vLLM's engine core calls at
-start-up (models/plan.py, through impl/kv_cache_planning.py), each killed by
+start-up (impl/kv_cache_sizing.py, through impl/kv_cache_planning.py and models/plan.py),
+each killed by
 tests/test_kv_cache_planning.py's hand-worked vLLM cases."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kvspec.impl import kv_cache_sizing
 from kvspec.models import plan
 from tests.mutants import Mutant, replace
 
@@ -16,7 +18,7 @@ PLANNING = "tests/test_kv_cache_planning.py"
 def group_size_slack_too_wide() -> None:
     """A bucket under 1.5x the smallest sets the group size (vLLM 0.13: under 1.25x): four
     full-attention and five sliding-window layers get groups of 5, not 4."""
-    replace(plan, "_GROUP_SIZE_SLACK", 1.5)
+    replace(kv_cache_sizing, "_GROUP_SIZE_SLACK", 1.5)
 
 
 def consecutive_group_cuts() -> None:
@@ -29,7 +31,7 @@ def consecutive_group_cuts() -> None:
             return []
         sizes = [len(names) for names in buckets.values()]
         group_size = min(sizes)
-        if max(sizes) < group_size * plan._GROUP_SIZE_SLACK:
+        if max(sizes) < group_size * kv_cache_sizing._GROUP_SIZE_SLACK:
             group_size = max(sizes)
         return [(spec, [names[i:i + group_size] for i in range(0, len(names), group_size)])
                 for spec, names in buckets.items()]

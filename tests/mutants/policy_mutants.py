@@ -42,7 +42,7 @@ def pin_leaves_free_block_queued() -> None:
 def priority_ignored_by_allocation() -> None:
     """The priority policy hands out the free queue's head (plain LRU)."""
     def take(self: PriorityPolicy, n: int) -> list[KVCacheBlock]:
-        chosen = self._pool().free_block_queue._take(n)
+        chosen = self._pool().free_block_queue.take_unchecked(n)
         for block in chosen:
             self._entry.pop(block, None)
         return chosen
@@ -80,7 +80,7 @@ def reprioritised_free_block_not_requeued() -> None:
         if priority == ev.DEFAULT_PRIORITY and duration is None:
             self._priority.pop(block, None)
             return
-        expires = None if duration is None else self._pool()._now + duration
+        expires = None if duration is None else self._pool().clock + duration
         self._priority[block] = (priority, expires)
         if expires is not None:
             heapq.heappush(self._expiries, (expires, block.block_id, priority))
@@ -140,9 +140,11 @@ def priority_out_of_range_accepted() -> None:
     """set_retention accepts a priority outside [0, 100]."""
     original = ev.check_retention
 
-    def check_retention(start: Any, end: Any, priority: Any, duration: Any) -> None:
-        original(start, end, max(0, min(100, priority)) if type(priority) is int else priority,
-                 duration)
+    def check_retention(start: Any, end: Any, priority: Any, duration: Any) -> Any:
+        checked = original(start, end,
+                           max(0, min(100, priority)) if type(priority) is int else priority,
+                           duration)
+        return (*checked[:2], priority if type(priority) is int else checked[2], checked[3])
     from kvspec.impl import block_pool
     replace(block_pool, "check_retention", check_retention)
 

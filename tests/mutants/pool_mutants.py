@@ -29,7 +29,7 @@ def touch_keeps_free_block_queued() -> None:
         for block in flat:
             if block in self._in_use:
                 self._shared.add(block)
-                block._extra_refs += 1
+                block.extra_refs += 1
             else:
                 self._in_use.add(block)
     replace(BlockPool, "touch", touch)
@@ -75,7 +75,7 @@ def null_block_enters_free_queue() -> None:
         blocks = list(ordered_blocks)
         original(self, blocks)
         if any(b is self.null_block for b in blocks):
-            self.free_block_queue._extend([self.null_block])
+            self.free_block_queue.extend_unchecked([self.null_block])
     replace(BlockPool, "free_blocks", free_blocks)
 
 
@@ -116,12 +116,12 @@ def popleft_n_loses_count_on_error() -> None:
         return original_take(self, n)
 
     def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
-        blocks = self.free_block_queue._take(num_blocks)
+        blocks = self.free_block_queue.take_unchecked(num_blocks)
         self._evict_all([b for b in blocks if b in self._key_of])
         self._in_use.update(blocks)
         return blocks
-    original_take = FreeKVCacheBlockQueue._take
-    replace(FreeKVCacheBlockQueue, "_take", take)
+    original_take = FreeKVCacheBlockQueue.take_unchecked
+    replace(FreeKVCacheBlockQueue, "take_unchecked", take)
     replace(BlockPool, "get_new_blocks", get_new_blocks)
 
 
@@ -143,7 +143,7 @@ def no_event_on_eviction() -> None:
     def evict_all(self: BlockPool, keyed: list[KVCacheBlock]) -> None:
         for block in keyed:
             block_hash, group_id = self._key_of.pop(block), self._group_of.pop(block, 0)
-            self.cached_block_hash_to_block._remove(group_id, block_hash, block)
+            self.cached_block_hash_to_block.remove_unchecked(group_id, block_hash, block)
     replace(BlockPool, "_evict_all", evict_all)
 
 
@@ -191,7 +191,7 @@ def alloc_keeps_stale_key() -> None:
     def get_new_blocks(self: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
         if num_blocks < 0 or num_blocks > self.get_num_free_blocks():
             raise bp.NotEnoughFreeBlocksError(f"Cannot get {num_blocks} free blocks")
-        blocks = self.free_block_queue._take(num_blocks)
+        blocks = self.free_block_queue.take_unchecked(num_blocks)
         self._in_use.update(blocks)
         return blocks
     replace(BlockPool, "get_new_blocks", get_new_blocks)
@@ -212,12 +212,12 @@ def caching_off_still_keys() -> None:
 
 def empty_key_entry_left_behind() -> None:
     """Removing a key's last block empties its slot but leaves the key in the map."""
-    original = bp.BlockHashToBlockMap._remove
+    original = bp.BlockHashToBlockMap.remove_unchecked
 
     def remove(self: bp.BlockHashToBlockMap, group_id: int, block_hash: bytes,
                block: KVCacheBlock) -> None:
-        group = self._groups[group_id]
-        if group.get(block_hash) is block and not self._later.get((group_id, block_hash)):
+        group = self.groups[group_id]
+        if group.get(block_hash) is block and not self.later.get((group_id, block_hash)):
             group[block_hash] = None  # type: ignore[assignment]
         else:
             original(self, group_id, block_hash, block)
@@ -225,12 +225,12 @@ def empty_key_entry_left_behind() -> None:
     def evict_all(self: BlockPool, keyed: list[KVCacheBlock]) -> None:
         for block in keyed:  # every eviction through _remove (no inlined fast path)
             block_hash, group_id = self._key_of.pop(block), self._group_of.pop(block, 0)
-            self.cached_block_hash_to_block._remove(group_id, block_hash, block)
+            self.cached_block_hash_to_block.remove_unchecked(group_id, block_hash, block)
             if self.enable_kv_cache_events:
                 self.kv_event_queue.append(BlockRemoved(
                     block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
                     medium=MEDIUM_GPU))
-    replace(bp.BlockHashToBlockMap, "_remove", remove)
+    replace(bp.BlockHashToBlockMap, "remove_unchecked", remove)
     replace(BlockPool, "_evict_all", evict_all)
 
 
@@ -243,7 +243,7 @@ def evict_requeues_free_block() -> None:
         for block_id in sorted(block_ids):
             block = self.blocks[block_id]
             if block_id and block.ref_cnt == 0:
-                self.free_block_queue._extend([block])
+                self.free_block_queue.extend_unchecked([block])
     replace(BlockPool, "evict_blocks", evict_blocks)
 
 
@@ -252,7 +252,7 @@ def free_block_reports_negative_ref() -> None:
     def ref_count(self: BlockPool, block: KVCacheBlock) -> int:
         if block not in self._in_use:
             return 0
-        return -(block._extra_refs + 1) if block._extra_refs else 1
+        return -(block.extra_refs + 1) if block.extra_refs else 1
     replace(BlockPool, "_ref_count", ref_count)
 
 
@@ -312,13 +312,13 @@ def evict_out_of_range_not_atomic() -> None:
 
 def stale_entry_handed_out() -> None:
     """The free queue forgets that a hit block's old queue entry is stale and hands it out."""
-    original = FreeKVCacheBlockQueue._take
+    original = FreeKVCacheBlockQueue.take_unchecked
 
     def take(self: FreeKVCacheBlockQueue, n: int) -> list[KVCacheBlock]:
         self._stale.clear()
         self._num_stale = 0
         return original(self, n)
-    replace(FreeKVCacheBlockQueue, "_take", take)
+    replace(FreeKVCacheBlockQueue, "take_unchecked", take)
 
 
 def shared_touch_counts_once() -> None:

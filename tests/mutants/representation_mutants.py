@@ -21,25 +21,25 @@ POOL_CHECKS = ("tests/test_pool_machine.py",)  # the machine's target_representa
 def remove_forgets_stale_total() -> None:
     """The queue's lazy remove marks the block stale but does not add it to the stale total
     (which only decides when stale entries are compacted away)."""
-    original = FreeKVCacheBlockQueue._remove_free
+    original = FreeKVCacheBlockQueue.remove_unchecked
 
-    def _remove_free(self: FreeKVCacheBlockQueue, blocks: list[KVCacheBlock]) -> None:
+    def remove_unchecked(self: FreeKVCacheBlockQueue, blocks: list[KVCacheBlock]) -> None:
         original(self, blocks)
         self._num_stale -= len(blocks)
-    replace(FreeKVCacheBlockQueue, "_remove_free", _remove_free)
+    replace(FreeKVCacheBlockQueue, "remove_unchecked", remove_unchecked)
 
 
 def map_remove_leaves_empty_later_list() -> None:
     """Removing the last of a key's later blocks leaves an empty list in ``_later``."""
-    original = BlockHashToBlockMap._remove
+    original = BlockHashToBlockMap.remove_unchecked
 
     def _remove(self: BlockHashToBlockMap, group_id: int, block_hash: bytes,
                 block: KVCacheBlock) -> None:
-        later = self._later.get((group_id, block_hash))
+        later = self.later.get((group_id, block_hash))
         original(self, group_id, block_hash, block)
         if later is not None and not later:
-            self._later[(group_id, block_hash)] = later
-    replace(BlockHashToBlockMap, "_remove", _remove)
+            self.later[(group_id, block_hash)] = later
+    replace(BlockHashToBlockMap, "remove_unchecked", _remove)
 
 
 def eviction_keeps_group_of() -> None:
