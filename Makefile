@@ -54,7 +54,7 @@ check: setup
 	@# mypy reads the package as the wheel lays it out (scripts/package_view.py); its messages
 	@# name the repository's files.
 	@$(PY) scripts/package_view.py > /dev/null
-	set -o pipefail; MYPYPATH=build/view $(PY) -m mypy --strict -p kvspec tests benchmarks \
+	set -o pipefail; MYPYPATH=build/view $(PY) -m mypy --strict build/view/kvspec tests benchmarks \
 		scripts | $(PY) scripts/package_view.py --unview
 	$(PY) -m ruff check .
 	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) \

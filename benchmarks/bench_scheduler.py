@@ -3,7 +3,7 @@ kvspec's, and the KV-cache share of that step.
 
 A step is what vLLM's engine core does each iteration: ``schedule()`` then
 ``update_from_output()`` (the simulated model's outputs are built between the two, outside the
-clock). The scheduler is tests/vllm_loop.py's (built on the CPU from a local Llama
+clock). The scheduler is benchmarks/scheduler_loop.py's (built on the CPU from a local Llama
 ``config.json``, nothing downloaded), in steady state at 64 and 256 running requests: before
 each step new requests are queued so that the running batch stays full; prompts are one of 32
 popular 512-token prefixes (Zipf) plus 16..256 tokens of their own; each request then samples
@@ -65,7 +65,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.vllm_loop import (
+from benchmarks.scheduler_loop import (
     BLOCK_SIZE,
     RequestStream,
     SimulatedModel,

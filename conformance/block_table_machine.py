@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from hypothesis import event, strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from kvspec.conformance.deadline import BoundedSteps
-from kvspec.conformance.lockstep import Lockstep, Refused
+from kvspec.conformance.lockstep import NOTHING, Adapter, Call, Reader, method
+from kvspec.conformance.machine import LockstepMachine
 from kvspec.spec import block_table_model as model, slot_mapping as slots
 from kvspec.spec.block_table_model import (
     AddRow,
@@ -92,7 +92,45 @@ def slot_mappings(tables: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(t.slot_mapping.gpu.tolist()) for t in tables.block_tables)
 
 
-class TablesAdapter:
+def _new_tables(adapter: TablesAdapter, c: NewTables) -> None:
+    adapter.config = c
+    adapter.tables = adapter.tables_class(
+        c.num_rows, 64, c.num_slots, False, "cpu", list(c.block_sizes),
+        list(c.kernel_block_sizes), cp_kv_cache_interleave_size=c.interleave,
+        max_num_blocks=[c.max_blocks_per_row] * len(c.block_sizes),
+        dcp_world_size=c.dcp_world_size, dcp_rank=c.dcp_rank,
+        num_blocks=c.num_blocks, slot_mapping_backend=c.backend)
+
+
+def _new_tables_source(adapter: TablesAdapter, c: NewTables) -> str:
+    return (f"{adapter.path.partition(':')[2]}({c.num_rows}, 64, {c.num_slots}, False, "
+            f"'cpu', {list(c.block_sizes)}, {list(c.kernel_block_sizes)}, "
+            f"cp_kv_cache_interleave_size={c.interleave}, "
+            f"max_num_blocks={[c.max_blocks_per_row] * len(c.block_sizes)}, "
+            f"dcp_world_size={c.dcp_world_size}, dcp_rank={c.dcp_rank}, "
+            f"num_blocks={c.num_blocks}, slot_mapping_backend={c.backend!r})")
+
+
+def _rows(adapter: TablesAdapter, c: AddRow | AppendRow) -> tuple[object, ...]:
+    return tuple(list(ids) for ids in c.block_ids), c.row
+
+
+def _compute_slot_mapping(adapter: TablesAdapter, c: ComputeSlotMapping) -> object:
+    """The batch's slot mapping computed and committed: the device copy (on the numpy path
+    it must equal the host's)."""
+    tables = adapter.tables
+    tables.compute_slot_mapping(np.array(c.req_indices, dtype=np.int64),
+                                np.array(c.positions, dtype=np.int64))
+    tables.commit_slot_mapping(len(c.positions))
+    host = tuple(tuple(t.slot_mapping.np.tolist()) for t in tables.block_tables)
+    device = slot_mappings(tables)
+    assert adapter.config is not None
+    if adapter.config.backend == "numpy" and host != device:
+        raise AssertionError(f"slot mapping: host {host}, device {device}")
+    return device
+
+
+class TablesAdapter(Adapter):
     """Performs block-table commands on a class with vLLM 0.13's MultiGroupBlockTable API
     (kvspec's own constructor keywords: explicit row width and pool size)."""
 
@@ -107,83 +145,29 @@ class TablesAdapter:
         self.tables: Any = None
         self.config: NewTables | None = None
 
-    def perform(self, command: Any) -> object:
-        c = command
-        if isinstance(c, NewTables):
-            self.config = c
-            self.tables = self.tables_class(
-                c.num_rows, 64, c.num_slots, False, "cpu", list(c.block_sizes),
-                list(c.kernel_block_sizes), cp_kv_cache_interleave_size=c.interleave,
-                max_num_blocks=[c.max_blocks_per_row] * len(c.block_sizes),
-                dcp_world_size=c.dcp_world_size, dcp_rank=c.dcp_rank,
-                num_blocks=c.num_blocks, slot_mapping_backend=c.backend)
-            return None
-        tables = self.tables
-        if isinstance(c, AddRow | AppendRow):
-            method = tables.add_row if isinstance(c, AddRow) else tables.append_row
-            method(tuple(list(ids) for ids in c.block_ids), c.row)
-        elif isinstance(c, MoveRow):
-            tables.move_row(c.src, c.tgt)
-        elif isinstance(c, SwapRow):
-            tables.swap_row(c.src, c.tgt)
-        elif isinstance(c, ClearRow):
-            tables.clear_row(c.row)
-        elif isinstance(c, CommitBlockTable):
-            tables.commit_block_table(c.num_reqs)
-        elif isinstance(c, ComputeSlotMapping):
-            tables.compute_slot_mapping(np.array(c.req_indices, dtype=np.int64),
-                                        np.array(c.positions, dtype=np.int64))
-            tables.commit_slot_mapping(len(c.positions))
-            host = tuple(tuple(t.slot_mapping.np.tolist()) for t in tables.block_tables)
-            device = slot_mappings(tables)
-            assert self.config is not None
-            if self.config.backend == "numpy" and host != device:
-                raise AssertionError(f"slot mapping: host {host}, device {device}")
-            return device
-        else:
-            raise LookupError(f"not a block-table command: {command!r}")
-        return None
+    calls: ClassVar[dict[type, Call]] = {
+        NewTables: Call(_new_tables, _new_tables_source),
+        AddRow: method("add_row", _rows, NOTHING),
+        AppendRow: method("append_row", _rows, NOTHING),
+        MoveRow: method("move_row", lambda a, c: (c.src, c.tgt), NOTHING),
+        SwapRow: method("swap_row", lambda a, c: (c.src, c.tgt), NOTHING),
+        ClearRow: method("clear_row", lambda a, c: (c.row,), NOTHING),
+        CommitBlockTable: method("commit_block_table", lambda a, c: (c.num_reqs,), NOTHING),
+        ComputeSlotMapping: Call(_compute_slot_mapping, lambda a, c: (
+            f"(tables.compute_slot_mapping(np.array({list(c.req_indices)}, dtype=np.int64), "
+            f"np.array({list(c.positions)}, dtype=np.int64)), "
+            f"tables.commit_slot_mapping({len(c.positions)}))"),
+            Reader(lambda device: device, "({}, slot_mappings(tables))[1]")),
+    }
 
     def view(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
         return table_rows(self.tables)
-
-    def check_representation(self) -> None:
-        check = getattr(self.tables, "_check", None)
-        if check is not None:
-            check()
 
     def imports(self) -> list[str]:
         module, _, name = self.path.partition(":")
         return ["import numpy as np", f"from {module} import {name}",
                 "from kvspec.conformance.block_table_machine import slot_mappings, "
                 "table_rows"]
-
-    def call_source(self, command: Any) -> str:
-        c = command
-        if isinstance(c, NewTables):
-            return (f"{self.path.partition(':')[2]}({c.num_rows}, 64, {c.num_slots}, False, "
-                    f"'cpu', {list(c.block_sizes)}, {list(c.kernel_block_sizes)}, "
-                    f"cp_kv_cache_interleave_size={c.interleave}, "
-                    f"max_num_blocks={[c.max_blocks_per_row] * len(c.block_sizes)}, "
-                    f"dcp_world_size={c.dcp_world_size}, dcp_rank={c.dcp_rank}, "
-                    f"num_blocks={c.num_blocks}, slot_mapping_backend={c.backend!r})")
-        if isinstance(c, AddRow | AppendRow):
-            name = "add_row" if isinstance(c, AddRow) else "append_row"
-            return f"tables.{name}({tuple(list(ids) for ids in c.block_ids)!r}, {c.row})"
-        if isinstance(c, MoveRow | SwapRow):
-            name = "move_row" if isinstance(c, MoveRow) else "swap_row"
-            return f"tables.{name}({c.src}, {c.tgt})"
-        if isinstance(c, ClearRow):
-            return f"tables.clear_row({c.row})"
-        if isinstance(c, CommitBlockTable):
-            return f"tables.commit_block_table({c.num_reqs})"
-        assert isinstance(c, ComputeSlotMapping)
-        return (f"(tables.compute_slot_mapping(np.array({list(c.req_indices)}, dtype=np.int64), "
-                f"np.array({list(c.positions)}, dtype=np.int64)), "
-                f"tables.commit_slot_mapping({len(c.positions)}))")
-
-    def output_source(self, command: Any, expression: str) -> str:
-        return f"({expression}, slot_mappings(tables))[1]"
 
     def view_source(self) -> str:
         return "table_rows(tables)"
@@ -194,7 +178,7 @@ def adapter_for(target: str) -> Callable[[], TablesAdapter]:
     if target == "impl":
         return TablesAdapter
     if target == "vllm" or target.startswith("vllm."):
-        from kvspec.conformance.audit import LayerUnavailable
+        from kvspec.conformance.vllm_targets import LayerUnavailable
 
         raise LayerUnavailable(
             "no adapter for vLLM's MultiGroupBlockTable yet: it takes its row width from "
@@ -204,26 +188,18 @@ def adapter_for(target: str) -> Callable[[], TablesAdapter]:
     return lambda: TablesAdapter(target)
 
 
-class BlockTableMachine(BoundedSteps):
+class BlockTableMachine(LockstepMachine[TablesState]):
     """Runs a block-table adapter against `spec.block_table_model` (every step under the step
     deadline)."""
 
-    make_adapter: Callable[[], TablesAdapter] = TablesAdapter
-    excluded: frozenset[str] = frozenset()
-    situation = ""
-    bad_call_rules = BAD_CALL_RULES
+    spec_step = staticmethod(model.step)
     view_of = staticmethod(view_of)
+    make_adapter: Callable[[], TablesAdapter] = TablesAdapter
+    bad_call_rules = BAD_CALL_RULES
 
     def __init__(self) -> None:
         super().__init__()
-        self.adapter = type(self).make_adapter()
-        self.lockstep: Lockstep[TablesState] = Lockstep(model.step, self.adapter)
         self.published: list[Any] = []
-
-    @property
-    def spec(self) -> TablesState:
-        assert self.lockstep.state is not None
-        return self.lockstep.state
 
     @property
     def num_groups(self) -> int:
@@ -231,13 +207,6 @@ class BlockTableMachine(BoundedSteps):
 
     def _ids(self, lists: list[list[int]]) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(lists[g % len(lists)]) for g in range(self.num_groups))
-
-    def _bad(self, name: str, command: Any) -> None:
-        if name in self.excluded:
-            return
-        output = self.lockstep(command)
-        assert isinstance(output, Refused), f"{name}: the spec accepts {command}"
-        event(f"refused: {name}")
 
     def _publish(self, num_reqs: int | None = None) -> None:
         """What the device table holds after a commit (None: the whole table)."""
@@ -313,7 +282,8 @@ class BlockTableMachine(BoundedSteps):
     def bad_block_outside_pool(self, row: int, bad: int, group: int, append: bool) -> None:
         ids = tuple((bad,) if g == group % self.num_groups else () for g in range(
             self.num_groups))
-        self._bad("bad_block_outside_pool", AppendRow(row, ids) if append else AddRow(row, ids))
+        self.refuse(AppendRow(row, ids) if append else AddRow(row, ids),
+                    "bad_block_outside_pool")
 
     @rule(bad=st.sampled_from([-1, NUM_ROWS, NUM_ROWS + 5]), good=row_indices,
           operation=st.sampled_from(["add_row", "append_row", "move_row", "swap_row",
@@ -324,54 +294,54 @@ class BlockTableMachine(BoundedSteps):
             "add_row": AddRow(bad, ids), "append_row": AppendRow(bad, ids),
             "move_row": MoveRow(bad, good), "swap_row": SwapRow(bad, good),
             "clear_row": ClearRow(bad), "move_row to": MoveRow(good, bad)}[operation]
-        self._bad("bad_row_outside_table", command)
+        self.refuse(command, "bad_row_outside_table")
 
-    @precondition(lambda self: self.lockstep.state is not None and bool(self.spec.tables[0][0]))
+    @precondition(lambda self: self.built and bool(self.spec.tables[0][0]))
     @rule()
     def bad_batch_negative_position(self) -> None:
-        self._bad("bad_batch_negative_position", ComputeSlotMapping((0, 1), (0, -3)))
+        self.refuse(ComputeSlotMapping((0, 1), (0, -3)), "bad_batch_negative_position")
 
     @rule()
     def bad_batch_row_outside_table(self) -> None:
-        self._bad("bad_batch_row_outside_table", ComputeSlotMapping((NUM_ROWS,), (0,)))
+        self.refuse(ComputeSlotMapping((NUM_ROWS,), (0,)), "bad_batch_row_outside_table")
 
-    @precondition(lambda self: self.lockstep.state is not None and bool(self.spec.tables[0][0]))
+    @precondition(lambda self: self.built and bool(self.spec.tables[0][0]))
     @rule()
     def bad_batch_lengths_differ(self) -> None:
-        self._bad("bad_batch_lengths_differ", ComputeSlotMapping((0, 1), (0,)))
+        self.refuse(ComputeSlotMapping((0, 1), (0,)), "bad_batch_lengths_differ")
 
     # -- invariants ----------------------------------------------------------------------
 
-    def _target_state(self) -> TablesState:
+    def state_from_view(self, view: Any) -> TablesState:
         """The target's rows in the spec's terms (kernel blocks back to manager blocks)."""
         tables = tuple(
             tuple(tuple(row[::limits.blocks_per_kv_block]) if limits.blocks_per_kv_block == 1
                   else tuple(b // limits.blocks_per_kv_block
                              for b in row[::limits.blocks_per_kv_block]) for row in rows)
-            for rows, limits in zip(self.adapter.view(), self.spec.limits, strict=True))
+            for rows, limits in zip(view, self.spec.limits, strict=True))
         return replace(self.spec, tables=tables)
 
     @invariant()
     def invariant_table_invariants_hold(self) -> None:
         """Every named invariant of the table model holds on the target's rows."""
-        if self.lockstep.state is None:
+        if not self.built:
             return
-        state = self._target_state()
+        state = self.target_state()
         for table, limits in zip(state.tables, state.limits, strict=True):
             broken = model.violated_invariants(table, limits)
             assert not broken, f"invariants violated by the target: {broken}"
 
     @invariant()
     def rows_are_the_spec_rows(self) -> None:
-        if self.lockstep.state is None:
+        if not self.built:
             return
-        actual, expected = self.adapter.view(), view_of(self.spec)
+        actual, expected = self.target_view(), view_of(self.spec)
         assert actual == expected, f"rows: target {actual}, spec {expected}"
 
     @invariant()
     def every_block_maps_its_tokens(self) -> None:
         """One token in each block of each row (numpy path: it changes no table)."""
-        if self.lockstep.state is None or self.spec.config.backend != "numpy":
+        if not self.built or self.spec.config.backend != "numpy":
             return
         config = self.spec.config
         for table, rows, limits in zip(self.adapter.tables.block_tables, self.spec.tables,
@@ -397,7 +367,7 @@ class BlockTableMachine(BoundedSteps):
     def device_table_is_what_was_published(self) -> None:
         import torch
 
-        if self.lockstep.state is None:
+        if not self.built:
             return
         for published, table in zip(self.published, self.adapter.tables.block_tables,
                                     strict=True):
@@ -408,5 +378,4 @@ class BlockTableMachine(BoundedSteps):
 def machine_for(make_adapter: Callable[[], TablesAdapter] = TablesAdapter,
                 ) -> type[BlockTableMachine]:
     """A BlockTableMachine subclass checking adapters made by make_adapter."""
-    return type("BlockTableConformance", (BlockTableMachine,),
-                {"make_adapter": staticmethod(make_adapter)})
+    return BlockTableMachine.for_target(make_adapter)

@@ -62,7 +62,6 @@ BACKSTOP_SECONDS = 2.0  # CPU seconds past the deadline before the backstop ends
 ENVIRONMENT_VARIABLE = "KVSPEC_STEP_DEADLINE"
 
 _SPEC_DIR = Path(spec_package.__file__).resolve().parent  # the model: a hang there is the spec's
-_REPO_ROOT = _SPEC_DIR.parent  # paths are shown from here
 _MAIN_THREAD = threading.main_thread().ident
 _CAN_ALARM = hasattr(signal, "setitimer") and hasattr(signal, "SIGALRM")
 if _CAN_ALARM:  # looked up once: a step arms and disarms two timers
@@ -246,8 +245,10 @@ def _stuck_message(seconds: float, frame: FrameType | None, budget: StepBudget) 
 
 
 def _shown_path(filename: str) -> str:
-    path = Path(filename).resolve()
-    return str(path.relative_to(_REPO_ROOT)) if path.is_relative_to(_REPO_ROOT) else filename
+    """A file's path from the current directory where it is under it (the project's own
+    files), else as Python names it (an installed package's)."""
+    path, here = Path(filename).resolve(), Path.cwd().resolve()
+    return str(path.relative_to(here)) if path.is_relative_to(here) else filename
 
 
 # --- Machines ------------------------------------------------------------------------------------

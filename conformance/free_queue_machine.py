@@ -23,27 +23,25 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from hypothesis import event, note, strategies as st
+from hypothesis import event, strategies as st
 from hypothesis.stateful import (
     Bundle,
     consumes,
     initialize,
-    invariant,
     multiple,
     precondition,
     rule,
 )
 
-from kvspec.conformance.deadline import BoundedSteps
-from kvspec.conformance.lockstep import Discrepancy, Lockstep, Refused, add_named_invariants
+from kvspec.conformance.lockstep import Adapter, Arg, Call, Reader, attribute, method
+from kvspec.conformance.machine import ComponentMachine
 from kvspec.conformance.vllm_targets import TargetError, load_class
 from kvspec.spec import free_queue as model
 from kvspec.spec.free_queue import (
     Append,
     AppendN,
-    Command,
     GetAllFreeBlocks,
     NewQueue,
     NumFreeBlocks,
@@ -121,24 +119,36 @@ def blocks_source(block_ids: tuple[int, ...] | list[int]) -> str:
     return f"[{', '.join(f'blocks[{b}]' for b in block_ids)}]"
 
 
-def run_checked(lockstep: Lockstep[Any], command: Any) -> Any:
-    """``lockstep(command)``, an exception the target raised that is no refusal (an
-    ``AssertionError``, a ``RuntimeError``, its ``_check()`` failing) reported as a
-    `Discrepancy` that names the command."""
-    try:
-        return lockstep(command)
-    except Discrepancy:
-        raise
-    except Exception as error:
-        raise Discrepancy(f"{command}: the target raised {type(error).__name__}: "
-                          f"{error}") from error
+def block_arg(adapter: Any, block_id: int) -> Arg:
+    """Block ``block_id`` of the program's blocks, as an argument."""
+    return Arg(f"blocks[{block_id}]", lambda: adapter.blocks[block_id])
+
+
+def blocks_arg(adapter: Any, block_ids: tuple[int, ...]) -> Arg:
+    return Arg(blocks_source(block_ids), lambda: [adapter.blocks[b] for b in block_ids])
+
+
+BLOCK_ID = Reader(lambda block: block.block_id, "{}.block_id")
+BLOCK_IDS = Reader(lambda blocks: tuple(b.block_id for b in blocks),
+                   "tuple(b.block_id for b in {})")
 
 
 # --- The adapter -------------------------------------------------------------------------------
 
 
+def _new_queue(adapter: QueueAdapter, command: NewQueue) -> None:
+    blocks = [adapter.classes.block(i) for i in range(command.num_blocks)]
+    adapter.queue = adapter.classes.component([blocks[i] for i in command.initial])
+    adapter.blocks = blocks
+
+
+def _new_queue_source(adapter: QueueAdapter, command: NewQueue) -> str:
+    made = f"{adapter.classes.component.__name__}({blocks_source(command.initial)})"
+    return build_source(adapter.classes.block, command.num_blocks, made)
+
+
 @dataclass
-class QueueAdapter:
+class QueueAdapter(Adapter):
     """Drives a FreeKVCacheBlockQueue with vLLM's API over a list of block objects."""
 
     classes: TargetClasses
@@ -146,28 +156,16 @@ class QueueAdapter:
     blocks: list[Any] = field(default_factory=list)
     queue: Any = None
 
-    def perform(self, command: Command) -> object:
-        if isinstance(command, NewQueue):
-            blocks = [self.classes.block(i) for i in range(command.num_blocks)]
-            queue = self.classes.component([blocks[i] for i in command.initial])
-            self.blocks, self.queue = blocks, queue
-            return None
-        queue, blocks = self.queue, self.blocks
-        if isinstance(command, PopLeft):
-            return queue.popleft().block_id
-        if isinstance(command, PopLeftN):
-            return tuple(b.block_id for b in queue.popleft_n(command.n))
-        if isinstance(command, Remove):
-            return queue.remove(blocks[command.block_id])
-        if isinstance(command, Append):
-            return queue.append(blocks[command.block_id])
-        if isinstance(command, AppendN):
-            return queue.append_n([blocks[b] for b in command.block_ids])
-        if isinstance(command, GetAllFreeBlocks):
-            return tuple(b.block_id for b in queue.get_all_free_blocks())
-        if isinstance(command, NumFreeBlocks):
-            return queue.num_free_blocks
-        raise TypeError(f"not a free-queue command: {command!r}")
+    calls: ClassVar[dict[type, Call]] = {
+        NewQueue: Call(_new_queue, _new_queue_source),
+        PopLeft: method("popleft", read=BLOCK_ID),
+        PopLeftN: method("popleft_n", lambda a, c: (c.n,), BLOCK_IDS),
+        Remove: method("remove", lambda a, c: (block_arg(a, c.block_id),)),
+        Append: method("append", lambda a, c: (block_arg(a, c.block_id),)),
+        AppendN: method("append_n", lambda a, c: (blocks_arg(a, c.block_ids),)),
+        GetAllFreeBlocks: method("get_all_free_blocks", read=BLOCK_IDS),
+        NumFreeBlocks: attribute("num_free_blocks"),
+    }
 
     def view(self) -> QueueView | None:
         if self.queue is None:
@@ -175,41 +173,8 @@ class QueueAdapter:
         return (tuple(b.block_id for b in self.queue.get_all_free_blocks()),
                 self.queue.num_free_blocks)
 
-    def check_representation(self) -> None:
-        check = getattr(self.queue, "_check", None)
-        if check is not None:
-            check()
-
     def imports(self) -> list[str]:
         return self.classes.imports()
-
-    def call_source(self, command: Command) -> str:
-        q = self.variable
-        if isinstance(command, NewQueue):
-            made = f"{self.classes.component.__name__}({blocks_source(command.initial)})"
-            return build_source(self.classes.block, command.num_blocks, made)
-        if isinstance(command, PopLeft):
-            return f"{q}.popleft()"
-        if isinstance(command, PopLeftN):
-            return f"{q}.popleft_n({command.n!r})"
-        if isinstance(command, Remove):
-            return f"{q}.remove(blocks[{command.block_id}])"
-        if isinstance(command, Append):
-            return f"{q}.append(blocks[{command.block_id}])"
-        if isinstance(command, AppendN):
-            return f"{q}.append_n({blocks_source(command.block_ids)})"
-        if isinstance(command, GetAllFreeBlocks):
-            return f"{q}.get_all_free_blocks()"
-        if isinstance(command, NumFreeBlocks):
-            return f"{q}.num_free_blocks"
-        raise TypeError(f"not a free-queue command: {command!r}")
-
-    def output_source(self, command: Command, expression: str) -> str:
-        if isinstance(command, PopLeft):
-            return f"{expression}.block_id"
-        if isinstance(command, PopLeftN | GetAllFreeBlocks):
-            return f"tuple(b.block_id for b in {expression})"
-        return expression
 
     def view_source(self) -> str:
         q = self.variable
@@ -241,39 +206,15 @@ BAD_CALL_RULES = frozenset({
 OUT_OF_CONTRACT = BAD_CALL_RULES
 
 
-class FreeQueueMachine(BoundedSteps):
-    """Runs a queue adapter against `spec.free_queue`; subclasses set ``make_adapter``."""
+class FreeQueueMachine(ComponentMachine[QueueState]):
+    """Runs a queue adapter against `spec.free_queue`; ``machine_for`` sets the adapter."""
 
-    bad_call_rules = BAD_CALL_RULES  # each must be refused; an audit may exclude one it reported
-
-    make_adapter: Callable[[], QueueAdapter]
-    excluded: frozenset[str] = frozenset()  # bad-call rules an audit has already reported
-    popped = Bundle("popped")  # block ids out of the queue: what append may put back
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.adapter = type(self).make_adapter()
-        self.lockstep: Lockstep[QueueState] = Lockstep(model.step, self.adapter)
-
+    spec_step = staticmethod(model.step)
     view_of = staticmethod(model.view_of)
-
-    @property
-    def spec(self) -> QueueState:
-        state = self.lockstep.state
-        assert state is not None, "the queue is built first"
-        return state
-
-    def _run(self, command: Command) -> Any:
-        return run_checked(self.lockstep, command)
-
-    def _refused(self, rule_name: str, command: Command) -> None:
-        """A bad call: the spec refuses it, so the target must, changing nothing."""
-        if rule_name in self.excluded:
-            return
-        output = self._run(command)
-        if not isinstance(output, Refused):
-            raise AssertionError(f"{rule_name}: the spec accepts {command}; not a bad call")
-        event(f"refused: {rule_name}")
+    from_view = staticmethod(model.from_view)
+    shown = "free order, num_free_blocks"
+    bad_call_rules = BAD_CALL_RULES  # each must be refused; an audit may exclude one it reported
+    popped = Bundle("popped")  # block ids out of the queue: what append may put back
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -283,7 +224,7 @@ class FreeQueueMachine(BoundedSteps):
         order = data.draw(st.permutations(range(num_blocks)), label="order")
         queued = data.draw(st.sampled_from([num_blocks, num_blocks, 0,
                                             data.draw(st.integers(0, num_blocks))]))
-        self._run(NewQueue(num_blocks, tuple(order[:queued])))
+        self.run(NewQueue(num_blocks, tuple(order[:queued])))
         event(f"queue of {'<=4' if num_blocks <= 4 else '5-8' if num_blocks <= 8 else '9-16'}"
               f" blocks, {'all' if queued == num_blocks else 'none' if not queued else 'some'}"
               f" queued")
@@ -294,7 +235,7 @@ class FreeQueueMachine(BoundedSteps):
     @precondition(lambda self: self.spec.free)
     @rule(target=popped)
     def popleft(self) -> object:
-        block = self._run(PopLeft())
+        block = self.run(PopLeft())
         if not self.spec.free:
             event("popleft emptied the queue")
         return block
@@ -302,7 +243,7 @@ class FreeQueueMachine(BoundedSteps):
     @rule(target=popped, data=st.data())
     def popleft_n(self, data: st.DataObject) -> object:
         n = data.draw(st.integers(0, len(self.spec.free)), label="n")
-        taken = self._run(PopLeftN(n))
+        taken = self.run(PopLeftN(n))
         if n and not self.spec.free:
             event("popleft_n took every free block")
         return multiple(*taken)
@@ -315,104 +256,76 @@ class FreeQueueMachine(BoundedSteps):
         position = self.spec.free.index(block)
         event("remove the head" if position == 0 else "remove the tail"
               if position == len(self.spec.free) - 1 else "remove from the middle")
-        self._run(Remove(block))
+        self.run(Remove(block))
         return block
 
     @rule(block=consumes(popped))
     def append(self, block: int) -> None:
-        self._run(Append(block))
+        self.run(Append(block))
 
     @precondition(lambda self: self.bundle("popped"))
     @rule(blocks=st.lists(consumes(popped), max_size=4, unique=True))
     def append_n(self, blocks: list[int]) -> None:
         """A finished request's blocks go back to the tail, in the order given."""
-        self._run(AppendN(tuple(blocks)))
+        self.run(AppendN(tuple(blocks)))
         if not blocks:
             event("append_n of no blocks")
 
     @rule()
     def get_all_free_blocks(self) -> None:
-        self._run(GetAllFreeBlocks())
+        self.run(GetAllFreeBlocks())
 
     @rule()
     def num_free_blocks(self) -> None:
-        self._run(NumFreeBlocks())
+        self.run(NumFreeBlocks())
 
     # -- rules: bad calls, one per kind -----------------------------------------------------
 
     @precondition(lambda self: not self.spec.free)
     @rule()
     def popleft_empty(self) -> None:
-        self._refused("popleft_empty", PopLeft())
+        self.refuse(PopLeft(), "popleft_empty")
 
     @rule(extra=st.integers(1, 3))
     def popleft_n_more_than_free(self, extra: int) -> None:
-        self._refused("popleft_n_more_than_free", PopLeftN(len(self.spec.free) + extra))
+        self.refuse(PopLeftN(len(self.spec.free) + extra), "popleft_n_more_than_free")
 
     @rule(n=st.integers(-3, -1))
     def popleft_n_negative(self, n: int) -> None:
-        self._refused("popleft_n_negative", PopLeftN(n))
+        self.refuse(PopLeftN(n), "popleft_n_negative")
 
     @rule(n=st.sampled_from(NOT_INTS))
     def popleft_n_not_an_int(self, n: float | str) -> None:
-        self._refused("popleft_n_not_an_int", PopLeftN(n))
+        self.refuse(PopLeftN(n), "popleft_n_not_an_int")
 
     @rule(block=popped)
     def remove_unqueued(self, block: int) -> None:
-        self._refused("remove_unqueued", Remove(block))
+        self.refuse(Remove(block), "remove_unqueued")
 
     @precondition(lambda self: self.spec.free)
     @rule(data=st.data())
     def append_queued(self, data: st.DataObject) -> None:
         block = data.draw(st.sampled_from(self.spec.free), label="queued block")
-        self._refused("append_queued", Append(block))
+        self.refuse(Append(block), "append_queued")
 
     @precondition(lambda self: self.spec.free and self.bundle("popped"))
     @rule(data=st.data(), blocks=st.lists(popped, max_size=3, unique=True))
     def append_n_with_a_queued_block(self, data: st.DataObject, blocks: list[int]) -> None:
         queued = data.draw(st.sampled_from(self.spec.free), label="queued block")
         at = data.draw(st.integers(0, len(blocks)), label="at")
-        self._refused("append_n_with_a_queued_block",
-                      AppendN((*blocks[:at], queued, *blocks[at:])))
+        self.refuse(AppendN((*blocks[:at], queued, *blocks[at:])),
+                    "append_n_with_a_queued_block")
 
     @rule(block=popped, others=st.lists(popped, max_size=2, unique=True))
     def append_n_listing_a_block_twice(self, block: int, others: list[int]) -> None:
         listed = tuple(b for b in others if b != block)
-        self._refused("append_n_listing_a_block_twice", AppendN((block, *listed, block)))
-
-    # -- checks after every step -----------------------------------------------------------
-    # Hypothesis runs invariants in name order: the named invariants first (a broken one is
-    # reported by name), then the representation check, then the whole view.
-
-    def target_state(self) -> QueueState | None:
-        """The target's state in the spec's terms (None before the queue is built)."""
-        view = self.adapter.view()
-        if view is None or self.lockstep.state is None:
-            return None
-        return model.from_view(self.spec.num_blocks, view)
-
-    @invariant()
-    def representation_check(self) -> None:
-        """The target's own representation invariant (impl's ``_check()``)."""
-        if self.lockstep.state is not None:
-            self.adapter.check_representation()
-
-    @invariant()
-    def view_matches_spec(self) -> None:
-        if self.lockstep.state is None:
-            return
-        actual, expected = self.adapter.view(), self.view_of(self.spec)
-        if actual != expected:
-            note(f"target: {actual}\nspec:   {expected}")
-            raise AssertionError(f"view_matches_spec: target (free order, num_free_blocks) "
-                                 f"{actual}, spec {expected}")
+        self.refuse(AppendN((block, *listed, block)), "append_n_listing_a_block_twice")
 
 
-add_named_invariants(FreeQueueMachine, model.ALL, lambda machine: machine.target_state())
+FreeQueueMachine.add_invariants(model.ALL)
 
 
 def machine_for(make_adapter: Callable[[], QueueAdapter],
                 excluded: frozenset[str] = frozenset()) -> type[FreeQueueMachine]:
     """A FreeQueueMachine subclass that checks the targets make_adapter makes."""
-    return type("FreeQueueConformance", (FreeQueueMachine,),
-                {"make_adapter": staticmethod(make_adapter), "excluded": excluded})
+    return FreeQueueMachine.for_target(make_adapter, excluded=excluded)

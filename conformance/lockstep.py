@@ -9,10 +9,11 @@ three things:
 - **a spec step**: ``step(state, command) -> (state, output)``, a pure function in spec/
   (one per component). A call the component must refuse raises a ``ValueError`` or
   ``LookupError`` subclass and changes nothing.
-- **an adapter** (`Adapter`): performs the same command on a target (``perform``), reads the
-  target's state back in the spec's terms (``view``), runs the target's own representation
-  check where it has one (``check_representation``, impl's ``_check()``), and writes the
-  command as a call on the target's own API (``call_source``), for counterexamples.
+- **an adapter** (`Adapter`): one table entry per command type (`Call`: which call to make,
+  how to write it, how to read its output), from which it performs the same command on a
+  target (``perform``) and writes it as a call on the target's own API (``call_source``,
+  ``output_source``) for counterexamples; it reads the target's state back in the spec's
+  terms (``view``) and runs the target's own representation check where it has one.
 
 `Lockstep` runs one command on both and raises `Discrepancy` where they differ: outputs,
 refusals (same base class, a message, the state left exactly as it was), representation.
@@ -25,13 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 REFUSALS: tuple[type[Exception], ...] = (ValueError, LookupError)
 
 S = TypeVar("S")
-C = TypeVar("C")
-C_contra = TypeVar("C_contra", contravariant=True)
 
 StepFunction = Callable[[Any, Any], tuple[Any, Any]]
 
@@ -54,34 +53,129 @@ class Refused:
     spec_error: str = field(compare=False, default="")
 
 
-class Adapter(Protocol[C_contra]):
-    """How the checker drives one target of one layer."""
+# --- Adapters as tables: one entry per command type -------------------------------------------
 
-    variable: str  # the name the target object has in a written counterexample ("pool")
 
-    def perform(self, command: C_contra) -> object:
+@dataclass(frozen=True)
+class Arg:
+    """An argument that is an object of the target's (a block, a request): how to get it
+    (``get()``, only when the call runs), and how a written counterexample names it."""
+
+    source: str
+    get: Callable[[], object]
+
+
+@dataclass(frozen=True)
+class Reader:
+    """How a target's raw output becomes the spec's: a function, and the same as source
+    (``{}`` stands for the output expression)."""
+
+    function: Callable[[Any], object]
+    source: str = "{}"
+
+
+AS_IS = Reader(lambda output: output)
+NOTHING = Reader(lambda output: None)  # a call whose return value the spec does not compare
+
+
+@dataclass(frozen=True)
+class Call:
+    """One command type on a target: ``run(adapter, command)`` makes the call (its raw
+    output), ``write(adapter, command)`` writes it as source, ``read`` reads its output."""
+
+    run: Callable[[Any, Any], Any]
+    write: Callable[[Any, Any], str]
+    read: Reader = AS_IS
+
+
+def _value(argument: object) -> object:
+    return argument.get() if isinstance(argument, Arg) else argument
+
+
+def _source(argument: object) -> str:
+    return argument.source if isinstance(argument, Arg) else repr(argument)
+
+
+def method(name: str, arguments: Callable[[Any, Any], tuple[object, ...]] = lambda a, c: (),
+           read: Reader = AS_IS) -> Call:
+    """A call of the target's method ``name`` with ``arguments(adapter, command)``: plain
+    values (written with ``repr``) or `Arg` objects of the target."""
+    def run(adapter: Any, command: Any) -> Any:
+        return getattr(adapter.target, name)(*map(_value, arguments(adapter, command)))
+
+    def write(adapter: Any, command: Any) -> str:
+        written = ", ".join(map(_source, arguments(adapter, command)))
+        return f"{adapter.variable}.{name}({written})"
+
+    return Call(run, write, read)
+
+
+def attribute(name: str, read: Reader = AS_IS) -> Call:
+    """A read of the target's attribute (or property) ``name``."""
+    return Call(lambda adapter, command: getattr(adapter.target, name),
+                lambda adapter, command: f"{adapter.variable}.{name}", read)
+
+
+class Adapter:
+    """How the checker drives one target of one layer. ``perform``, ``call_source`` and
+    ``output_source`` derive from one table, ``calls``: a `Call` per command type. The
+    target is the attribute named ``variable``, as a written counterexample names it."""
+
+    variable: str  # "pool"
+    calls: ClassVar[dict[type, Call]]
+
+    @property
+    def target(self) -> Any:
+        return getattr(self, self.variable)
+
+    def call_of(self, command: object) -> Call:
+        try:
+            return self.calls[type(command)]
+        except KeyError:
+            raise LookupError(f"not a {self.variable} command: {command!r}") from None
+
+    def perform(self, command: object) -> object:
         """Run command on the target; the output in the spec's terms."""
+        call = self.call_of(command)
+        return call.read.function(call.run(self, command))
 
-    def view(self) -> object:
+    def call_source(self, command: object) -> str:
+        """The command as a Python expression on the target's own API; for the build
+        command, the constructor call."""
+        return self.call_of(command).write(self, command)
+
+    def output_source(self, command: object, expression: str) -> str:
+        """``expression`` (the target's raw output of command) in the spec's terms."""
+        return self.call_of(command).read.source.format(expression)
+
+    def view(self) -> Any:
         """The target's abstract state, in the spec's terms (comparable with the spec's)."""
-
-    def check_representation(self) -> None:
-        """The target's own representation invariant (impl's ``_check()``); nothing where the
-        target has none."""
-
-    def imports(self) -> list[str]:
-        """The import lines a written counterexample needs."""
-
-    def call_source(self, command: C_contra) -> str:
-        """The command as a Python expression on the target's own API (the object is
-        ``self.variable``); for the build command, the constructor call."""
-
-    def output_source(self, command: C_contra, expression: str) -> str:
-        """An expression that turns ``expression`` (the target's raw output of command) into
-        the spec's terms."""
+        raise NotImplementedError
 
     def view_source(self) -> str:
         """An expression that reads the target's view (as ``view()`` returns it)."""
+        raise NotImplementedError
+
+    def imports(self) -> list[str]:
+        """The import lines a written counterexample needs."""
+        raise NotImplementedError
+
+    def representation_target(self) -> Any:
+        return self.target
+
+    def check_representation(self) -> None:
+        """The target's own representation check (impl's ``check_representation()``), if
+        it has one."""
+        check = representation_check_of(self.representation_target())
+        if check is not None:
+            getattr(self.representation_target(), check)()
+
+
+def representation_check_of(target: object) -> str | None:
+    """The name of the target's representation check: impl's ``check_representation`` (or
+    ``_check``, its former name); None for a class without one (vLLM's)."""
+    return next((name for name in ("check_representation", "_check")
+                 if hasattr(target, name)), None)
 
 
 def refusal_base(error: BaseException) -> str:
@@ -95,7 +189,7 @@ class Lockstep(Generic[S]):
     ``performed`` is the program so far (the build command first): what the audit writes out.
     """
 
-    def __init__(self, step: StepFunction, adapter: Adapter[Any],
+    def __init__(self, step: StepFunction, adapter: Adapter,
                  check_representation: bool = True,
                  judge: Callable[[Any, Any], None] | None = None) -> None:
         self.step = step
@@ -172,7 +266,7 @@ def run_program(step: StepFunction, program: Sequence[Any]) -> list[tuple[Any, A
     return trace
 
 
-def counterexample_source(step: StepFunction, program: Sequence[Any], adapter: Adapter[Any],
+def counterexample_source(step: StepFunction, program: Sequence[Any], adapter: Adapter,
                           view_of: Callable[[Any], object], docstring: str,
                           test_name: str = "test_counterexample",
                           preamble: Sequence[str] = (), fixtures: Sequence[str] = ()) -> str:
@@ -205,22 +299,3 @@ def counterexample_source(step: StepFunction, program: Sequence[Any], adapter: A
         if check:
             lines.append(f"    {check}")
     return "\n".join(lines) + "\n"
-
-
-def add_named_invariants(machine: type[Any], predicates: Sequence[Callable[[Any], bool]],
-                         state_of: Callable[[Any], Any]) -> None:
-    """One Hypothesis invariant per named predicate, ``invariant_<name>``, checked on the
-    target's state in the spec's terms (``state_of(machine)``; None before the target is
-    built). Hypothesis runs invariants in name order, so these come before a machine's
-    whole-state comparison and a broken one is reported by name."""
-    from hypothesis.stateful import invariant
-
-    for predicate in predicates:
-        def check(self: Any, predicate: Callable[[Any], bool] = predicate) -> None:
-            state = state_of(self)
-            if state is not None and not predicate(state):
-                raise AssertionError(
-                    f"invariant {predicate.__name__} violated by the target (state {state})")
-        check.__name__ = f"invariant_{predicate.__name__}"
-        check.__doc__ = predicate.__doc__
-        setattr(machine, check.__name__, invariant()(check))

@@ -33,7 +33,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import event, note, strategies as st
 from hypothesis.stateful import (
@@ -46,13 +46,23 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvspec.conformance.deadline import BoundedSteps
-from kvspec.conformance.lockstep import Lockstep, Refused
+from kvspec.conformance.lockstep import (
+    NOTHING,
+    Adapter,
+    Arg,
+    Call,
+    Reader,
+    Refused,
+    attribute,
+    method,
+)
+from kvspec.conformance.machine import LockstepMachine
 from kvspec.conformance.targets import (
+    EVENTS,
+    POLICY_CALLS,
+    evicted_arg,
     load,
-    perform_policy_command,
     plug_in_arguments,
-    policy_call_source,
     spec_events,
 )
 from kvspec.spec import (
@@ -359,7 +369,54 @@ ALL_LAYOUTS = MODEL_LAYOUTS + HAND_LAYOUTS
 HASH_SEED = "0"  # PYTHONHASHSEED for every chain's seed: hashes are the same in every process
 
 
-class ImplManager:
+def _new_manager(adapter: ImplManager, c: model.NewManager) -> None:
+    adapter.hash_block_size = c.config.hash_block_size
+    adapter.seed(c.hashing)
+    adapter.manager = adapter.new_manager(c)
+    adapter.requests, adapter.hits = {}, {}
+
+
+def _new_manager_source(adapter: ImplManager, c: model.NewManager) -> str:
+    adapter.hash_block_size = c.config.hash_block_size
+    adapter.written = []
+    k = c.config
+    return (f"seed_none_hash(init_none_hash, sha256, {c.hashing.hash_seed!r}) or "
+            f"KVCacheManager(\n        {adapter.config_source(c)}, "
+            f"max_model_len={k.max_model_len}, hash_block_size={k.hash_block_size},\n"
+            f"        enable_caching={k.enable_caching}, use_eagle={k.use_eagle}, "
+            f"enable_kv_cache_events={k.enable_events}{adapter.policy_source(k.policy)})")
+
+
+def _add_request(adapter: ImplManager, c: model.AddRequest) -> None:
+    adapter.requests[c.request_id] = adapter.new_request(c)
+    adapter.hits.pop(c.request_id, None)
+
+
+def _add_request_source(adapter: ImplManager, c: model.AddRequest) -> str:
+    if c.request_id not in adapter.written:  # the counterexample has made it from here on
+        adapter.written.append(c.request_id)
+    return f"{variable_name(c.request_id)} = {adapter.request_source(c)}"
+
+
+def _get_computed_blocks(adapter: ImplManager, c: model.GetComputedBlocks) -> Any:
+    result = adapter.manager.get_computed_blocks(adapter.requests[c.request_id])
+    adapter.hits[c.request_id] = result[0]
+    return result
+
+
+def _request_arg(adapter: ImplManager, request_id: str) -> Arg:
+    return Arg(variable_name(request_id), lambda: adapter.requests[request_id])
+
+
+def _hits_arg(adapter: ImplManager, c: model.AllocateSlots) -> Arg | None:
+    """The hits allocate_slots is given: a request's last lookup result, or None."""
+    if not c.with_hits:
+        return None
+    owner = c.hits_of or c.request_id
+    return Arg(f"hits_{variable_name(owner)}[0]", lambda: adapter.hits[owner])
+
+
+class ImplManager(Adapter):
     """Performs `spec.manager` commands on a KVCacheManager with vLLM 0.13's API: impl's
     here; `manager_targets.Vllm013Manager` swaps in vLLM's classes.
 
@@ -389,12 +446,12 @@ class ImplManager:
 
         return model.Hashing(hashing_model.KeyFormat(hashing.EXTRA_KEY_FORMAT.value), HASH_SEED)
 
-    def _seed(self, hashing: model.Hashing) -> None:
+    def seed(self, hashing: model.Hashing) -> None:
         from kvspec.impl.hashing import init_none_hash, sha256
 
         seed_none_hash(init_none_hash, sha256, hashing.hash_seed)
 
-    def _new_manager(self, command: model.NewManager) -> Any:
+    def new_manager(self, command: model.NewManager) -> Any:
         from kvspec.impl.kv_cache_manager import KVCacheManager
 
         c = command.config
@@ -405,7 +462,7 @@ class ImplManager:
             hash_block_size=c.hash_block_size, enable_caching=c.enable_caching,
             use_eagle=c.use_eagle, enable_kv_cache_events=c.enable_events, **policy)
 
-    def _new_request(self, command: model.AddRequest) -> Any:
+    def new_request(self, command: model.AddRequest) -> Any:
         from kvspec.impl.hashing import get_request_block_hasher, sha256
         from kvspec.impl.request import LoRARequest, Request
 
@@ -418,73 +475,56 @@ class ImplManager:
             block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
             kv_retention=list(command.retention))
 
-    def _stand_in(self, request_id: str) -> Any:
+    def stand_in(self, request_id: str) -> Any:
         """A request the manager never saw, to free."""
         from kvspec.impl.request import Request
 
         return Request(request_id, [0])
 
-    # -- the commands ------------------------------------------------------------------------
+    # -- the commands: how each runs on the manager, and is written as a call ---------------
 
-    def perform(self, command: Any) -> object:
-        c = command
-        if isinstance(c, model.NewManager):
-            self.hash_block_size = c.config.hash_block_size
-            self._seed(c.hashing)
-            self.manager = self._new_manager(c)
-            self.requests, self.hits = {}, {}
-            return None
-        manager = self.manager
-        if isinstance(c, model.AddRequest):
-            self.requests[c.request_id] = self._new_request(c)
-            self.hits.pop(c.request_id, None)
-            return None
-        if isinstance(c, model.AppendTokens):
-            self.requests[c.request_id].append_output_token_ids(list(c.token_ids))
-            return None
-        if isinstance(c, model.SetComputedTokens):
-            self.requests[c.request_id].num_computed_tokens = c.num_tokens
-            return None
-        if isinstance(c, model.GetComputedBlocks):
-            result = manager.get_computed_blocks(self.requests[c.request_id])
-            self.hits[c.request_id] = result[0]
-            return hit_ids(result)
-        if isinstance(c, model.AllocateSlots):
-            hits = self.hits[c.hits_of or c.request_id] if c.with_hits else None
-            return block_ids_or_none(manager.allocate_slots(
-                self.requests[c.request_id], c.num_new_tokens, c.num_new_computed_tokens, hits,
-                c.num_lookahead_tokens, c.delay_cache_blocks, c.num_encoder_tokens))
-        if isinstance(c, model.Free):
-            manager.free(self.requests.get(c.request_id) or self._stand_in(c.request_id))
-            return None
-        if isinstance(c, model.CacheBlocks):
-            manager.cache_blocks(self.requests[c.request_id], c.num_tokens)
-            return None
-        if isinstance(c, model.EvictBlocks):
-            manager.evict_blocks(set(c.block_ids))
-            return None
-        if isinstance(c, model.GetNumCommonPrefixBlocks):
-            return tuple(manager.get_num_common_prefix_blocks(c.request_id))
-        if isinstance(c, model.GetBlockIds):
-            return id_tuples(manager.get_block_ids(c.request_id))
-        if isinstance(c, model.ResetPrefixCache):
-            return bool(manager.reset_prefix_cache())
-        if isinstance(c, model.TakeEvents):
-            return spec_events(manager.take_events())
-        if isinstance(c, model.Usage):
-            return float(manager.usage)
-        if isinstance(c, pool_model.POLICY_COMMANDS):
-            perform_policy_command(manager, c)
-            return None
-        raise LookupError(f"not a manager command: {command!r}")
+    calls: ClassVar[dict[type, Call]] = {
+        model.NewManager: Call(_new_manager, _new_manager_source),
+        model.AddRequest: Call(_add_request, _add_request_source),
+        model.AppendTokens: Call(
+            lambda a, c: a.requests[c.request_id].append_output_token_ids(list(c.token_ids)),
+            lambda a, c: (f"{variable_name(c.request_id)}.append_output_token_ids("
+                          f"{list(c.token_ids)!r})"), NOTHING),
+        model.SetComputedTokens: Call(
+            lambda a, c: setattr(a.requests[c.request_id], "num_computed_tokens", c.num_tokens),
+            lambda a, c: f"{variable_name(c.request_id)}.num_computed_tokens = {c.num_tokens}"),
+        model.GetComputedBlocks: Call(_get_computed_blocks, lambda a, c: (
+            f"(hits_{variable_name(c.request_id)} := manager.get_computed_blocks("
+            f"{variable_name(c.request_id)}))"), Reader(hit_ids, "hit_ids({})")),
+        model.AllocateSlots: method("allocate_slots", lambda a, c: (
+            _request_arg(a, c.request_id), c.num_new_tokens, c.num_new_computed_tokens,
+            _hits_arg(a, c), c.num_lookahead_tokens, c.delay_cache_blocks,
+            c.num_encoder_tokens), Reader(block_ids_or_none, "block_ids_or_none({})")),
+        model.Free: Call(
+            lambda a, c: a.manager.free(a.requests.get(c.request_id) or a.stand_in(c.request_id)),
+            lambda a, c: "manager.free({})".format(
+                variable_name(c.request_id) if c.request_id in a.written
+                else a.stand_in_source(c.request_id)), NOTHING),
+        model.CacheBlocks: method("cache_blocks", lambda a, c: (
+            _request_arg(a, c.request_id), c.num_tokens), NOTHING),
+        model.EvictBlocks: method("evict_blocks", lambda a, c: (evicted_arg(c.block_ids),),
+                                  NOTHING),
+        model.GetNumCommonPrefixBlocks: method("get_num_common_prefix_blocks",
+                                               lambda a, c: (c.request_id,),
+                                               Reader(tuple, "tuple({})")),
+        model.GetBlockIds: method("get_block_ids", lambda a, c: (c.request_id,),
+                                  Reader(id_tuples, "id_tuples({})")),
+        model.ResetPrefixCache: method("reset_prefix_cache", read=Reader(bool)),
+        model.TakeEvents: method("take_events", read=EVENTS),
+        model.Usage: attribute("usage", Reader(float)),
+        **POLICY_CALLS,
+    }
 
     def view(self) -> ManagerView:
         return manager_view(self.manager, self.requests)
 
-    def check_representation(self) -> None:
-        check = getattr(self.manager.block_pool, "_check", None)
-        if check is not None:
-            check()
+    def representation_target(self) -> Any:
+        return self.manager.block_pool
 
     # -- the commands as calls on the manager's own API (counterexamples) ------------------
 
@@ -493,9 +533,9 @@ class ImplManager:
                 "sha256",
                 "from kvspec.impl.kv_cache_manager import KVCacheManager",
                 "from kvspec.impl.request import LoRARequest, Request",
-                *self._checker_imports()]
+                *self.checker_imports()]
 
-    def _checker_imports(self) -> list[str]:
+    def checker_imports(self) -> list[str]:
         plug_in = []
         if self.policy_path is not None:
             module_name, _, name = self.policy_path.partition(":")
@@ -507,10 +547,10 @@ class ImplManager:
                 "from kvspec.conformance.targets import spec_events",
                 "from kvspec.spec.pool import Cleared, Removed, Stored"]
 
-    def _config_source(self, command: model.NewManager) -> str:
+    def config_source(self, command: model.NewManager) -> str:
         return f"kv_cache_config({command.layout!r}, {command.config.num_blocks})"
 
-    def _request_source(self, command: model.AddRequest) -> str:
+    def request_source(self, command: model.AddRequest) -> str:
         lora = "None" if command.lora is None else (
             f"LoRARequest({model.lora_name(command.lora)!r}, {command.lora}, "
             f"{model.lora_path(command.lora)!r})")
@@ -520,75 +560,14 @@ class ImplManager:
                 f"block_hasher=get_request_block_hasher({self.hash_block_size}, sha256)"
                 f"{hints})")
 
-    def _stand_in_source(self, request_id: str) -> str:
+    def stand_in_source(self, request_id: str) -> str:
         return f"Request({request_id!r}, [0])"
 
-    def call_source(self, command: Any) -> str:
-        c = command
-        if isinstance(c, model.NewManager):
-            self.hash_block_size = c.config.hash_block_size
-            self.written = []
-            k = c.config
-            return (f"seed_none_hash(init_none_hash, sha256, {c.hashing.hash_seed!r}) or "
-                    f"KVCacheManager(\n        {self._config_source(c)}, "
-                    f"max_model_len={k.max_model_len}, hash_block_size={k.hash_block_size},\n"
-                    f"        enable_caching={k.enable_caching}, use_eagle={k.use_eagle}, "
-                    f"enable_kv_cache_events={k.enable_events}{self._policy_source(k.policy)})")
-        if isinstance(c, model.AddRequest):
-            if c.request_id not in self.written:
-                self.written.append(c.request_id)
-            return f"{variable_name(c.request_id)} = {self._request_source(c)}"
-        if isinstance(c, model.Free) and c.request_id not in self.written:
-            return f"manager.free({self._stand_in_source(c.request_id)})"
-        request = variable_name(getattr(c, "request_id", ""))
-        if isinstance(c, model.AppendTokens):
-            return f"{request}.append_output_token_ids({list(c.token_ids)!r})"
-        if isinstance(c, model.SetComputedTokens):
-            return f"{request}.num_computed_tokens = {c.num_tokens}"
-        if isinstance(c, model.GetComputedBlocks):
-            return f"(hits_{request} := manager.get_computed_blocks({request}))"
-        if isinstance(c, model.AllocateSlots):
-            hits = (f"hits_{variable_name(c.hits_of or c.request_id)}[0]" if c.with_hits
-                    else "None")
-            return (f"manager.allocate_slots({request}, {c.num_new_tokens}, "
-                    f"{c.num_new_computed_tokens}, {hits}, {c.num_lookahead_tokens}, "
-                    f"{c.delay_cache_blocks}, {c.num_encoder_tokens})")
-        if isinstance(c, model.Free):
-            return f"manager.free({request})"
-        if isinstance(c, model.CacheBlocks):
-            return f"manager.cache_blocks({request}, {c.num_tokens})"
-        if isinstance(c, model.EvictBlocks):
-            return f"manager.evict_blocks({set(c.block_ids) or 'set()'})"
-        if isinstance(c, model.GetNumCommonPrefixBlocks):
-            return f"manager.get_num_common_prefix_blocks({c.request_id!r})"
-        if isinstance(c, model.GetBlockIds):
-            return f"manager.get_block_ids({c.request_id!r})"
-        if isinstance(c, model.ResetPrefixCache):
-            return "manager.reset_prefix_cache()"
-        if isinstance(c, model.TakeEvents):
-            return "manager.take_events()"
-        if isinstance(c, pool_model.POLICY_COMMANDS):
-            return policy_call_source("manager", c)
-        return "manager.usage"
-
-    def _policy_source(self, policy: Policy | None) -> str:
+    def policy_source(self, policy: Policy | None) -> str:
         if self.policy_path is None:
             return ""
         arguments = "".join(f"{k}={v!r}" for k, v in plug_in_arguments(policy).items())
         return f", eviction_policy={self.policy_path.partition(':')[2]}({arguments})"
-
-    def output_source(self, command: Any, expression: str) -> str:
-        if isinstance(command, model.GetComputedBlocks):
-            return f"hit_ids({expression})"
-        if isinstance(command, model.AllocateSlots):
-            return f"block_ids_or_none({expression})"
-        if isinstance(command, model.GetNumCommonPrefixBlocks):
-            return f"tuple({expression})"
-        if isinstance(command, model.GetBlockIds):
-            return f"id_tuples({expression})"
-        if isinstance(command, model.TakeEvents):
-            return f"spec_events({expression})"
-        return expression
 
     def view_source(self) -> str:
         requests = ", ".join(f"{r!r}: {variable_name(r)}" for r in self.written)
@@ -637,36 +616,27 @@ BAD_CALLS = (
 OUT_OF_CONTRACT = frozenset(BAD_CALLS) - {"bad_allocate_no_tokens"}
 
 
-class ManagerMachine(BoundedSteps):
-    """Runs a manager adapter against `spec.manager`; subclasses set make_target and layouts.
-    Every step runs under the step deadline (`deadline.BoundedSteps`)."""
+class ManagerMachine(LockstepMachine[Session]):
+    """Runs a manager adapter against `spec.manager`; ``machine_for`` sets the adapter and
+    the layouts. Every step runs under the step deadline (`deadline.BoundedSteps`)."""
 
-    make_target: Callable[[], ImplManager]
+    spec_step = staticmethod(model.step)
+    view_of = staticmethod(view_of)
     layouts: tuple[Layout, ...] = ()  # set by machine_for (ALL_LAYOUTS by default)
     policy: Policy | None = None  # the pool's eviction policy (spec.eviction)
-    excluded: frozenset[str] = frozenset()  # situations an audit has already reported
-    situation = ""  # what the current step is doing, named for an audit's report
     waiting = Bundle("waiting")
     running = Bundle("running")
-    view_of = staticmethod(view_of)
 
     def __init__(self) -> None:
         super().__init__()
-        self.target = type(self).make_target()
-        self.lockstep: Lockstep[Session] = Lockstep(model.step, self.target)
+        self.target: ImplManager = self.adapter
         self.layout: Layout = self.layouts[0]
         self.tracked: dict[str, Tracked] = {}
         self.finished_tokens: list[tuple[int, ...]] = []
         self.next_id = 0
         self.taken: tuple[pool_model.Event, ...] = ()  # every event take_events handed out
-        self._views: tuple[int, ManagerView] | None = None
 
     # -- helpers -------------------------------------------------------------------------
-
-    @property
-    def spec(self) -> Session:
-        assert self.lockstep.state is not None
-        return self.lockstep.state
 
     @property
     def state(self) -> model.ManagerState:
@@ -675,26 +645,9 @@ class ManagerMachine(BoundedSteps):
     def _request(self, request_id: str) -> model.Request:
         return self.spec.request(request_id)
 
-    def _allows(self, situation: str) -> bool:
-        """Name what the step is about to do; False when an audit has excluded it."""
-        self.situation = situation
-        return situation not in self.excluded
-
-    def _every(self, period: int, phase: int = 0) -> bool:
-        """True on one step in ``period`` (by the commands run so far): rare calls are enabled
-        that often, so that they do not crowd out what a scheduler does."""
-        return (self.lockstep.state is not None
-                and len(self.lockstep.performed) % period == phase)
-
     def bad_calls_now(self) -> bool:
         """Bad-call rules are enabled on one step in five."""
-        return self._every(5)
-
-    def _refuse(self, command: Any) -> None:
-        """A bad call: the spec must refuse it (the lockstep checks the target does too)."""
-        output = self.lockstep(command)
-        assert isinstance(output, Refused), f"bad call {command} is not refused by the spec"
-        event(f"refused: {self.situation}")
+        return self.every(5)
 
     def _encoder_tokens(self, tracked: Tracked) -> int:
         return 0 if tracked.encoder_done else tracked.encoder_tokens
@@ -871,7 +824,7 @@ class ManagerMachine(BoundedSteps):
         self._free(request_id)
         del self.tracked[request_id]
 
-    @precondition(lambda self: self._every(4, 3))
+    @precondition(lambda self: self.every(4, 3))
     @rule(request_id=consumes(waiting))
     def abort_waiting(self, request_id: str) -> None:
         """A waiting request is aborted (it may hold nothing, or blocks of an earlier run)."""
@@ -883,20 +836,20 @@ class ManagerMachine(BoundedSteps):
         self.lockstep(model.Free(request_id))
         assert model.released(self.state, request_id)
 
-    @precondition(lambda self: self._every(11, 4))
+    @precondition(lambda self: self.every(11, 4))
     @rule()
     def free_unknown_request(self) -> None:
         """Free a request the manager never saw: nothing changes. (Enabled on one step in
         eleven, as are the other rare calls: Hypothesis favours rules without arguments.)"""
         self.lockstep(model.Free("never-seen"))
 
-    @precondition(lambda self: self._every(3, 2))
+    @precondition(lambda self: self.every(3, 2))
     @rule()
     def take_events(self) -> None:
         """A consumer (a KV-aware router) takes the pending events."""
         self.taken += self.lockstep(model.TakeEvents())
 
-    @precondition(lambda self: self._every(9, 1))
+    @precondition(lambda self: self.every(9, 1))
     @rule()
     def reset_prefix_cache(self) -> None:
         """Reset the prefix cache (refused while any request holds blocks); enabled on one
@@ -916,7 +869,7 @@ class ManagerMachine(BoundedSteps):
         self.tracked[request_id].delayed = False
         event("cache delayed blocks")
 
-    @precondition(lambda self: self.lockstep.state is not None and any(
+    @precondition(lambda self: self.built and any(
         k is not None and r == 0 for k, r in zip(self.state.pool.key_of, self.state.pool.ref,
                                                  strict=True)))
     @rule(data=st.data())
@@ -934,14 +887,14 @@ class ManagerMachine(BoundedSteps):
     # -- rules: what an eviction policy offers (spec.eviction), through the manager --------
 
     def _policy_has(self, what: str) -> bool:
-        return self.lockstep.state is not None and getattr(self.state.pool.policy, what)
+        return self.built and getattr(self.state.pool.policy, what)
 
     def _cached_blocks(self) -> list[int]:
         pool = self.state.pool
         return [b for b, key in enumerate(pool.key_of) if key is not None]
 
     @precondition(lambda self: (self._policy_has("has_priorities") or self._policy_has(
-        "has_pins")) and self._every(3, 1))
+        "has_pins")) and self.every(3, 1))
     @rule(delta=st.sampled_from([1, 1, 2, 4]))
     def advance_clock(self, delta: int) -> None:
         """Time passes: priorities whose expiry has come revert to the default."""
@@ -950,7 +903,7 @@ class ManagerMachine(BoundedSteps):
         if len(self.state.pool.retention) < live:
             event("a priority expired")
 
-    @precondition(lambda self: self._policy_has("has_priorities") and self._every(3, 2))
+    @precondition(lambda self: self._policy_has("has_priorities") and self.every(3, 2))
     @rule(pick=st.integers(0, 63), priority=st.sampled_from([0, 20, 35, 80]),
           duration=st.sampled_from([None, 2]))
     def set_retention(self, pick: int, priority: int, duration: int | None) -> None:
@@ -960,7 +913,7 @@ class ManagerMachine(BoundedSteps):
             self.lockstep(pool_model.SetRetention((cached[pick % len(cached)],), priority,
                                                   duration))
 
-    @precondition(lambda self: self._policy_has("has_pins") and self._every(2, 1))
+    @precondition(lambda self: self._policy_has("has_pins") and self.every(2, 1))
     @rule(pick=st.integers(0, 63))
     def pin_cached_block(self, pick: int) -> None:
         """Pin a cached block (a system prompt's): refused over the cap."""
@@ -971,7 +924,7 @@ class ManagerMachine(BoundedSteps):
             event("pin refused" if isinstance(output, Refused) else "pinned")
 
     @precondition(lambda self: self._policy_has("has_pins") and bool(
-        self.state.pool.pinned) and self._every(2))
+        self.state.pool.pinned) and self.every(2))
     @rule(pick=st.integers(0, 63))
     def unpin_block(self, pick: int) -> None:
         pinned = self.state.pool.pinned
@@ -992,15 +945,14 @@ class ManagerMachine(BoundedSteps):
     @rule(request_id=running)
     def bad_allocate_no_tokens(self, request_id: str) -> None:
         """allocate_slots for no new token (vLLM 0.13 raises ValueError too)."""
-        if self._allows("bad_allocate_no_tokens"):
-            self._refuse(model.AllocateSlots(request_id, 0))
+        self.refuse(model.AllocateSlots(request_id, 0), "bad_allocate_no_tokens")
 
     @precondition(bad_calls_now)
     @rule(request_id=running, extra=st.integers(1, 3))
     def bad_allocate_beyond_max_model_len(self, request_id: str, extra: int) -> None:
         """More new tokens in one call than max_model_len."""
-        if self._allows("bad_allocate_beyond_max_model_len"):
-            self._refuse(model.AllocateSlots(request_id, self.layout.max_model_len + extra))
+        self.refuse(model.AllocateSlots(request_id, self.layout.max_model_len + extra),
+                    "bad_allocate_beyond_max_model_len")
 
     @precondition(bad_calls_now)
     @rule(request_id=running, extra=st.integers(1, 8))
@@ -1013,10 +965,10 @@ class ManagerMachine(BoundedSteps):
                                               model.get_blocks(self.state, request_id),
                                               strict=True) if group.kind is not Kind.CROSS),
                     default=None)
-        if slots is None or not self._allows("bad_allocate_computed_beyond_slots"):
+        if slots is None or not self.allows("bad_allocate_computed_beyond_slots"):
             return
         self.lockstep(model.SetComputedTokens(request_id, slots + extra))
-        self._refuse(model.AllocateSlots(request_id, 1))
+        self.refuse(model.AllocateSlots(request_id, 1))
         self.lockstep(model.SetComputedTokens(request_id, request.num_computed_tokens))
 
     @precondition(bad_calls_now)
@@ -1028,8 +980,7 @@ class ManagerMachine(BoundedSteps):
             return
         held = min(len(blocks) * group.block_size for group, blocks in zip(
             self.state.config.groups, model.get_blocks(self.state, request_id), strict=True))
-        if self._allows("bad_cache_blocks_beyond_slots"):
-            self._refuse(model.CacheBlocks(request_id, held + extra))
+        self.refuse(model.CacheBlocks(request_id, held + extra), "bad_cache_blocks_beyond_slots")
 
     @precondition(bad_calls_now)
     @rule(request_id=waiting, other=running)
@@ -1039,12 +990,12 @@ class ManagerMachine(BoundedSteps):
             return
         mine = self._request(request_id)
         hits, num_hit = self.lockstep(model.GetComputedBlocks(other))
-        if not num_hit or num_hit >= len(mine.token_ids) or not self._allows(
+        if not num_hit or num_hit >= len(mine.token_ids) or not self.allows(
                 "bad_allocate_foreign_hits"):
             return
         if model.hit_is_valid(self.state, mine.view(), hits, num_hit):
             return  # the other request's prefix is this one's: they are its own hits too
-        self._refuse(model.AllocateSlots(request_id, 1, num_hit, True, hits_of=other))
+        self.refuse(model.AllocateSlots(request_id, 1, num_hit, True, hits_of=other))
 
     @precondition(bad_calls_now)
     @rule(request_id=running, encoder=st.integers(1, 4))
@@ -1052,24 +1003,16 @@ class ManagerMachine(BoundedSteps):
                                                             encoder: int) -> None:
         if any(g.kind is Kind.CROSS for g in self.state.config.groups):
             return
-        if self._allows("bad_allocate_encoder_tokens_without_cross_attention"):
-            self._refuse(model.AllocateSlots(request_id, 1, num_encoder_tokens=encoder))
+        self.refuse(model.AllocateSlots(request_id, 1, num_encoder_tokens=encoder),
+                    "bad_allocate_encoder_tokens_without_cross_attention")
 
     # -- checks after every step ---------------------------------------------------------
     # Hypothesis runs invariants in name order: the named checks on the target's state come
     # before the whole-state comparison (states_agree), so a broken one is reported by name.
 
-    def _target_view(self) -> ManagerView:
-        """The target's view, read once a step whichever invariant asks first."""
-        key = len(self.lockstep.performed)
-        if self._views is None or self._views[0] != key:
-            self._views = (key, self.target.view())
-        return self._views[1]
-
-    def target_session(self) -> Session:
+    def state_from_view(self, view: ManagerView) -> Session:
         """The target's state in the spec's terms: the spec's session with the target's
         tables, keyed counts, pool and request hashes in it."""
-        view = self._target_view()
         spec = self.spec
         state = spec.manager
         hashes = dict(view.block_hashes)
@@ -1085,9 +1028,9 @@ class ManagerMachine(BoundedSteps):
     def block_hashes_match_spec(self) -> None:
         """Every request's block hashes are the spec's: its hash function, chain seed and
         extra keys (LoRA adapter, cache salt) in the target's key format."""
-        if self.lockstep.state is None:
+        if not self.built:
             return
-        actual = dict(self._target_view().block_hashes)
+        actual = dict(self.target_view().block_hashes)
         for rid, request in self.spec.requests:
             got = actual.get(rid)
             assert got == request.block_hashes, (
@@ -1098,9 +1041,9 @@ class ManagerMachine(BoundedSteps):
 
     @invariant()
     def states_agree(self) -> None:
-        if self.lockstep.state is None:
+        if not self.built:
             return
-        actual, expected = self._target_view(), view_of(self.spec)
+        actual, expected = self.target_view(), view_of(self.spec)
         if actual != expected:
             note(f"target: {actual}\nspec:   {expected}")
         for name in ("tables", "num_cached", "ref", "free", "key_of", "pending_events", "now",
@@ -1110,48 +1053,33 @@ class ManagerMachine(BoundedSteps):
 
     @invariant()
     def usage_matches_spec(self) -> None:
-        if self.lockstep.state is None:
+        if not self.built:
             return
-        actual = self.target.perform(model.Usage())
+        actual = self.adapter.perform(model.Usage())
         expected = model.usage(self.state)
         assert isinstance(actual, float) and math.isclose(actual, expected), \
             f"usage: target {actual}, spec {expected}"
 
 
-def _add_named_invariants(cls: type[ManagerMachine]) -> None:
-    """One @invariant per predicate of `spec.manager`, checked on the target's state (the
-    spec's must equal it by states_agree)."""
-    def of_state(p: Callable[[model.ManagerState], bool]) -> Callable[[Session], bool]:
-        return lambda s: p(s.manager)
+def _on(parts: Callable[[Session], tuple[Any, ...]], predicate: Callable[..., bool],
+        ) -> Callable[[Session], bool]:
+    """predicate, named as it is, checked on parts of a session."""
+    def check(session: Session) -> bool:
+        return predicate(*parts(session))
 
-    def of_pool(p: Callable[[pool_model.PoolState], bool]) -> Callable[[Session], bool]:
-        return lambda s: p(s.manager.pool)
-
-    def of_requests(p: Callable[[model.ManagerState, Mapping[str, model.RequestView]], bool],
-                    ) -> Callable[[Session], bool]:
-        return lambda s: p(s.manager, s.request_views())
-
-    checks: list[tuple[str, Callable[[Session], bool], str | None]] = [
-        (p.__name__, of_state(p), p.__doc__) for p in model.INVARIANTS]
-    checks += [(p.__name__, of_requests(p), p.__doc__)
-               for p in (model.request_blocks_match_hashes, model.blocks_cover_computed_tokens)]
-    # A router's view of the events every group's pool calls emitted (spec.event_consumer).
-    checks += [(p.__name__, of_pool(p), p.__doc__) for p in event_consumer.ALL]
-    # The eviction policies' (spec.eviction), on the manager's pool.
-    checks += [(p.__name__, of_pool(p), p.__doc__) for p in pool_invariants.POLICY]
-    for name, predicate, doc in checks:
-        def check(self: ManagerMachine, name: str = name,
-                  predicate: Callable[[Session], bool] = predicate) -> None:
-            if self.lockstep.state is None:
-                return
-            assert predicate(self.target_session()), \
-                f"invariant {name} violated by the target"
-        check.__name__ = f"invariant_{name}"
-        check.__doc__ = doc
-        setattr(cls, check.__name__, invariant()(check))
+    check.__name__, check.__doc__ = predicate.__name__, predicate.__doc__
+    return check
 
 
-_add_named_invariants(ManagerMachine)
+# One @invariant per predicate of `spec.manager`, checked on the target's state (the spec's
+# must equal it by states_agree); a router's view of the events every group's pool calls
+# emitted (spec.event_consumer); the eviction policies' (spec.eviction), on the manager's pool.
+ManagerMachine.add_invariants(
+    [_on(lambda s: (s.manager,), p) for p in model.INVARIANTS]
+    + [_on(lambda s: (s.manager, s.request_views()), p) for p in (
+        model.request_blocks_match_hashes, model.blocks_cover_computed_tokens)]
+    + [_on(lambda s: (s.manager.pool,), p) for p in event_consumer.ALL + pool_invariants.POLICY],
+    show_state=False)
 
 
 def _sink_blocks(config: Any) -> int:
@@ -1168,6 +1096,4 @@ def machine_for(make_target: Callable[[], Any],
                 policy: Policy | None = None) -> type[ManagerMachine]:
     """A ManagerMachine subclass checking adapters made by make_target on layouts (under an
     eviction policy: the profile's when None)."""
-    return type("ManagerConformance", (ManagerMachine,),
-                {"make_target": staticmethod(make_target), "layouts": tuple(layouts),
-                 "policy": policy})
+    return ManagerMachine.for_target(make_target, layouts=tuple(layouts), policy=policy)

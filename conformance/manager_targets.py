@@ -31,7 +31,7 @@ class Vllm013Manager(ImplManager):
     def hashing(self) -> model.Hashing:
         return model.Hashing(hashing_model.KeyFormat.UNTAGGED, HASH_SEED)
 
-    def _seed(self, hashing: model.Hashing) -> None:
+    def seed(self, hashing: model.Hashing) -> None:
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import init_none_hash
 
@@ -42,7 +42,7 @@ class Vllm013Manager(ImplManager):
 
         return load_class(self.manager_path)
 
-    def _new_manager(self, command: model.NewManager) -> Any:
+    def new_manager(self, command: model.NewManager) -> Any:
         c = command.config
         return self._manager_class()(
             vllm_kv_cache_config(kv_cache_config(command.layout, c.num_blocks)),
@@ -50,7 +50,7 @@ class Vllm013Manager(ImplManager):
             enable_caching=c.enable_caching, use_eagle=c.use_eagle,
             enable_kv_cache_events=c.enable_events)
 
-    def _new_request(self, command: model.AddRequest) -> Any:
+    def new_request(self, command: model.AddRequest) -> Any:
         from vllm.lora.request import LoRARequest
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
@@ -66,7 +66,7 @@ class Vllm013Manager(ImplManager):
             cache_salt=command.salt,
             block_hasher=get_request_block_hasher(self.hash_block_size, sha256))
 
-    def _stand_in(self, request_id: str) -> Any:
+    def stand_in(self, request_id: str) -> Any:
         from types import SimpleNamespace
 
         return SimpleNamespace(request_id=request_id)
@@ -84,13 +84,13 @@ class Vllm013Manager(ImplManager):
                 "init_none_hash",
                 "from vllm.v1.request import Request",
                 f"from {module_name} import {class_name} as KVCacheManager",
-                *self._checker_imports(),
+                *self.checker_imports(),
                 "from kvspec.conformance.vllm_targets import vllm_kv_cache_config"]
 
-    def _config_source(self, command: model.NewManager) -> str:
-        return f"vllm_kv_cache_config({super()._config_source(command)})"
+    def config_source(self, command: model.NewManager) -> str:
+        return f"vllm_kv_cache_config({super().config_source(command)})"
 
-    def _request_source(self, command: model.AddRequest) -> str:
+    def request_source(self, command: model.AddRequest) -> str:
         lora = "None" if command.lora is None else (
             f"LoRARequest({model.lora_name(command.lora)!r}, {command.lora}, "
             f"{model.lora_path(command.lora)!r})")
@@ -99,5 +99,5 @@ class Vllm013Manager(ImplManager):
                 f"cache_salt={command.salt!r}, "
                 f"block_hasher=get_request_block_hasher({self.hash_block_size}, sha256))")
 
-    def _stand_in_source(self, request_id: str) -> str:
+    def stand_in_source(self, request_id: str) -> str:
         return f"SimpleNamespace(request_id={request_id!r})"

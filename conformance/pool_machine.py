@@ -37,8 +37,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from kvspec.conformance.deadline import BoundedSteps
-from kvspec.conformance.lockstep import Lockstep, Refused, add_named_invariants
+from kvspec.conformance.lockstep import Refused
+from kvspec.conformance.machine import LockstepMachine
 from kvspec.conformance.targets import PoolView, VllmApiPool, view_of
 from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.spec.eviction import Policy, TokenRangeRetention
@@ -96,59 +96,37 @@ class Held:
     retention: tuple[TokenRangeRetention, ...] = ()
 
 
-class PoolMachine(BoundedSteps):
-    """Runs a pool adapter against `spec.pool`; subclasses set ``make_adapter``. Every step
+class PoolMachine(LockstepMachine[PoolState]):
+    """Runs a pool adapter against `spec.pool`; ``machine_for`` sets the adapter. Every step
     runs under the step deadline (`deadline.BoundedSteps`)."""
 
-    make_adapter: Callable[[], VllmApiPool]
+    spec_step = staticmethod(model.step)
+    view_of = staticmethod(view_of)
+    check_representation_each_step = False  # target_representation, the last invariant
     profile: Profile = Profile.V0_13
     policy: Policy | None = None  # the profile's when None
     max_blocks = 16  # the largest pool drawn (a policy's machine: 8, for more eviction)
-    excluded: frozenset[str] = frozenset()  # situations an audit has already reported
-    situation = ""  # what the current step is doing, named for an audit's report
     held = Bundle("held")
-    view_of = staticmethod(view_of)
 
     def __init__(self) -> None:
         super().__init__()
-        self.adapter = type(self).make_adapter()
-        self.lockstep: Lockstep[PoolState] = Lockstep(model.step, self.adapter,
-                                                      check_representation=False,
-                                                      judge=self._judge)
         self.before_allocation: PoolState | None = None  # the target's, for the judge
         self.num_cached: dict[int, int] = {}  # Held.uid -> blocks keyed so far
         self.next_uid = 0
         self.taken: tuple[model.Event, ...] = ()  # every event take_events handed out
         self.just_allocated: tuple[int, ...] = ()  # checked by allocated_blocks_are_fresh
         self.consumer_stalls = False  # drawn by build: nobody takes events
-        self._views: tuple[int, PoolView, PoolState] | None = None
-
-    @property
-    def spec(self) -> PoolState:
-        assert self.lockstep.state is not None
-        return self.lockstep.state
-
-    def _allows(self, situation: str) -> bool:
-        """Name what the step is about to do; False when an audit has excluded it."""
-        self.situation = situation
-        return situation not in self.excluded
 
     def bad_calls_now(self) -> bool:
         """Bad-call rules are enabled on one step in three (by the commands run so far), so
         that nine of them do not crowd out what an engine does."""
-        return len(self.lockstep.performed) % 3 == 0
+        return self.every(3)
 
     def maintenance_now(self) -> bool:
         """A policy's machine runs a KV connector's evictions and resets on one step in
         three, so that requests (admitted, cached, finished) fill the programs and blocks
         of different priorities meet at allocation; the lru machine runs them every step."""
-        return self.policy is None or len(self.lockstep.performed) % 3 == 1
-
-    def _refuse(self, command: Any) -> None:
-        """A bad call: the spec must refuse it (the lockstep checks the target does too)."""
-        output = self.lockstep(command)
-        assert isinstance(output, Refused), f"bad call {command} is not refused by the spec"
-        event(f"refused: {self.situation}")
+        return self.policy is None or self.every(3, 1)
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -249,7 +227,7 @@ class PoolMachine(BoundedSteps):
             situation = "cache_full_blocks after an unkeyed block"  # null, or evicted
         else:
             situation = "cache_full_blocks"
-        if not self._allows(situation):
+        if not self.allows(situation):
             return
         hashes = tuple(chain_hash(held.family, i) for i in range(len(blocks)))
         tokens = tuple(t for i in range(num_cached, num_full)
@@ -305,10 +283,10 @@ class PoolMachine(BoundedSteps):
     # -- rules: what an eviction policy offers (spec.eviction) ---------------------------
 
     def _has_priorities(self) -> bool:
-        return self.lockstep.state is not None and self.spec.policy.has_priorities
+        return self.built and self.spec.policy.has_priorities
 
     def _has_pins(self) -> bool:
-        return self.lockstep.state is not None and self.spec.policy.has_pins
+        return self.built and self.spec.policy.has_pins
 
     @precondition(_has_priorities)
     @rule(pick=st.integers(0, 15), count=st.integers(1, 2),
@@ -370,22 +348,20 @@ class PoolMachine(BoundedSteps):
     def bad_free_unreferenced(self, pick: int) -> None:
         """Free a block in use together with a free one: nothing may be released."""
         candidates = [b for b in range(1, self.spec.num_blocks) if self.spec.ref[b] == 0]
-        if not candidates or not self._allows("bad_free_unreferenced"):
+        if not candidates or not self.allows("bad_free_unreferenced"):
             return
         in_use = [b for b in range(1, self.spec.num_blocks) if self.spec.ref[b] > 0][:1]
-        self._refuse(model.FreeBlocks(tuple(in_use) + (candidates[pick % len(candidates)],)))
+        self.refuse(model.FreeBlocks(tuple(in_use) + (candidates[pick % len(candidates)],)))
 
     @precondition(bad_calls_now)
     @rule(offset=st.sampled_from([0, 1, 10_000, -1]))
     def bad_free_outside_pool(self, offset: int) -> None:
-        if self._allows("bad_free_outside_pool"):
-            self._refuse(model.FreeBlocks((self._outside(offset),)))
+        self.refuse(model.FreeBlocks((self._outside(offset),)), "bad_free_outside_pool")
 
     @precondition(bad_calls_now)
     @rule(offset=st.sampled_from([0, 1, 10_000, -1]))
     def bad_touch_outside_pool(self, offset: int) -> None:
-        if self._allows("bad_touch_outside_pool"):
-            self._refuse(model.Touch((self._outside(offset),)))
+        self.refuse(model.Touch((self._outside(offset),)), "bad_touch_outside_pool")
 
     def _outside(self, offset: int) -> int:
         return -1 if offset < 0 else self.spec.num_blocks + offset
@@ -393,38 +369,35 @@ class PoolMachine(BoundedSteps):
     @precondition(bad_calls_now)
     @rule()
     def bad_alloc_negative(self) -> None:
-        if self._allows("bad_alloc_negative"):
-            self._refuse(model.GetNewBlocks(-1))
+        self.refuse(model.GetNewBlocks(-1), "bad_alloc_negative")
 
     @precondition(bad_calls_now)
     @rule(extra=st.integers(1, 3))
     def bad_alloc_too_many(self, extra: int) -> None:
-        if self._allows("bad_alloc_too_many"):
-            self._refuse(model.GetNewBlocks(model.num_free(self.spec) + extra))
+        self.refuse(model.GetNewBlocks(model.num_free(self.spec) + extra), "bad_alloc_too_many")
 
     @precondition(bad_calls_now)
     @rule(pick=st.integers(0, 15))
     def bad_cache_keyed_block(self, pick: int) -> None:
         """Key a block that already has a key."""
         keyed = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is not None]
-        if not keyed or not self._allows("bad_cache_keyed_block"):
+        if not keyed or not self.allows("bad_cache_keyed_block"):
             return
         block = keyed[pick % len(keyed)]
-        self._refuse(model.CacheFullBlocks((block,), (chain_hash(NUM_FAMILIES, 0),), 0, 1, 0,
+        self.refuse(model.CacheFullBlocks((block,), (chain_hash(NUM_FAMILIES, 0),), 0, 1, 0,
                                            (0, 0), BLOCK_SIZE))
 
     @precondition(bad_calls_now)
     @rule(offset=st.integers(0, 3))
     def bad_evict_outside_pool(self, offset: int) -> None:
         """Evict an id outside the pool beside every keyed block: all or none."""
-        if self._allows("bad_evict_outside_pool"):
-            self._refuse(model.EvictBlocks((self.spec.num_blocks + offset, *self._keyed())))
+        self.refuse(model.EvictBlocks((self.spec.num_blocks + offset, *self._keyed())),
+                    "bad_evict_outside_pool")
 
     @precondition(bad_calls_now)
     @rule()
     def bad_evict_negative_id(self) -> None:
-        if self._allows("bad_evict_negative_id"):
-            self._refuse(model.EvictBlocks((-1, *self._keyed())))
+        self.refuse(model.EvictBlocks((-1, *self._keyed())), "bad_evict_negative_id")
 
     def _keyed(self) -> tuple[int, ...]:
         return tuple(b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is not None)
@@ -433,55 +406,55 @@ class PoolMachine(BoundedSteps):
     @rule(bad=st.sampled_from(["not bytes", 12345, None]), via_cache=st.booleans())
     def bad_malformed_hash(self, bad: Any, via_cache: bool) -> None:
         """A block hash that is not bytes, in a lookup or in cache_full_blocks."""
-        if not self.spec.enable_caching or not self._allows("bad_malformed_hash"):
+        if not self.spec.enable_caching or not self.allows("bad_malformed_hash"):
             return
         unkeyed = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is None]
         if unkeyed and via_cache:
-            self._refuse(model.CacheFullBlocks((unkeyed[0],), (bad,), 0, 1, 0, (0, 0),
+            self.refuse(model.CacheFullBlocks((unkeyed[0],), (bad,), 0, 1, 0, (0, 0),
                                                BLOCK_SIZE))
         else:
-            self._refuse(model.GetCachedBlock(bad, (0,)))
+            self.refuse(model.GetCachedBlock(bad, (0,)))
 
     @precondition(lambda self: self.bad_calls_now() and self._has_priorities())
     @rule(priority=st.sampled_from([-1, 101, 35]), unkeyed=st.booleans())
     def bad_retention(self, priority: int, unkeyed: bool) -> None:
         """A priority out of [0, 100], or one for a block without a key."""
-        if not self._allows("bad_retention"):
+        if not self.allows("bad_retention"):
             return
         blocks = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is None]
         if priority == 35 and not blocks:
             return
         target = blocks[:1] if priority == 35 or unkeyed else list(self._keyed()[:1])
-        self._refuse(model.SetRetention(tuple(target), priority))
+        self.refuse(model.SetRetention(tuple(target), priority))
 
     @precondition(lambda self: self.bad_calls_now() and (self._has_priorities()
                                                          or self._has_pins()))
     @rule()
     def bad_clock_backwards(self) -> None:
-        if self.spec.now and self._allows("bad_clock_backwards"):
-            self._refuse(model.AdvanceClock(self.spec.now - 1))
+        if self.spec.now and self.allows("bad_clock_backwards"):
+            self.refuse(model.AdvanceClock(self.spec.now - 1))
 
     @precondition(lambda self: self.bad_calls_now() and self._has_pins())
     @rule(kind=st.sampled_from(["unkeyed", "twice", "listed twice"]))
     def bad_pin(self, kind: str) -> None:
         """Pin a block without a key, a pinned block, or one block listed twice."""
-        if not self._allows("bad_pin"):
+        if not self.allows("bad_pin"):
             return
         if kind == "unkeyed":
             blocks = [b for b in range(self.spec.num_blocks) if self.spec.key_of[b] is None]
-            self._refuse(model.PinBlocks((blocks[0],)))
+            self.refuse(model.PinBlocks((blocks[0],)))
         elif kind == "twice" and self.spec.pinned:
-            self._refuse(model.PinBlocks(self.spec.pinned[:1]))
+            self.refuse(model.PinBlocks(self.spec.pinned[:1]))
         elif self._keyed():
-            self._refuse(model.PinBlocks(self._keyed()[:1] * 2))
+            self.refuse(model.PinBlocks(self._keyed()[:1] * 2))
 
     @precondition(lambda self: self.bad_calls_now() and self._has_pins())
     @rule()
     def bad_unpin(self) -> None:
         """Unpin a block that is not pinned."""
         unpinned = [b for b in range(1, self.spec.num_blocks) if b not in self.spec.pinned]
-        if unpinned and self._allows("bad_unpin"):
-            self._refuse(model.UnpinBlocks((unpinned[0],)))
+        if unpinned and self.allows("bad_unpin"):
+            self.refuse(model.UnpinBlocks((unpinned[0],)))
 
     # Whenever a block is pinned (not one step in three): pins are rare in tiny pools.
     @precondition(lambda self: self._has_pins() and bool(self.spec.pinned))
@@ -490,16 +463,16 @@ class PoolMachine(BoundedSteps):
         """Free a pinned block as often as it is referenced (the pin's reference too), or
         evict a pinned block: both refused."""
         pinned = self.spec.pinned
-        if not pinned or not self._allows("bad_free_pinned"):
+        if not pinned or not self.allows("bad_free_pinned"):
             return
         if evict:
-            self._refuse(model.EvictBlocks(pinned[:1]))
+            self.refuse(model.EvictBlocks(pinned[:1]))
         else:
-            self._refuse(model.FreeBlocks(pinned[:1] * self.spec.ref[pinned[0]]))
+            self.refuse(model.FreeBlocks(pinned[:1] * self.spec.ref[pinned[0]]))
 
     # -- checks after every step ---------------------------------------------------------
 
-    def _judge(self, command: Any, output: Any) -> None:
+    def judge(self, command: Any, output: Any) -> None:
         """The target's own output of an allocation, judged by name before it is compared."""
         before = self.before_allocation
         if isinstance(command, model.GetNewBlocks) and before is not None:
@@ -510,21 +483,11 @@ class PoolMachine(BoundedSteps):
     # Hypothesis runs invariants in name order: the named invariants (on the target's state)
     # come before the whole-state comparison, so a broken invariant is reported by name.
 
-    def _target_view(self) -> tuple[PoolView, PoolState]:
-        """The target's view, and its state in the spec's terms (the abstraction function):
-        read once a step, whichever invariant asks first."""
-        key = len(self.lockstep.performed)
-        if self._views is None or self._views[0] != key:
-            view = self.adapter.view()
-            state = replace(self.spec, ref=view.ref, free=view.free, key_of=view.key_of,
-                            cached=view.cached, events=self.taken + view.pending_events,
-                            num_taken=len(self.taken), now=view.now,
-                            retention=view.retention, pinned=view.pinned)
-            self._views = (key, view, state)
-        return self._views[1], self._views[2]
-
-    def target_state(self) -> PoolState:
-        return self._target_view()[1]
+    def state_from_view(self, view: PoolView) -> PoolState:
+        return replace(self.spec, ref=view.ref, free=view.free, key_of=view.key_of,
+                       cached=view.cached, events=self.taken + view.pending_events,
+                       num_taken=len(self.taken), now=view.now, retention=view.retention,
+                       pinned=view.pinned)
 
     @invariant()
     def invariant_allocated_blocks_are_fresh(self) -> None:
@@ -535,7 +498,7 @@ class PoolMachine(BoundedSteps):
 
     @invariant()
     def matches_spec_counts(self) -> None:
-        if self.lockstep.state is None:
+        if not self.built:
             return
         free = self.adapter.perform(model.GetNumFreeBlocks())
         usage = self.adapter.perform(model.GetUsage())
@@ -547,7 +510,7 @@ class PoolMachine(BoundedSteps):
     @invariant()
     def matches_spec_event_collapses(self) -> None:
         """The pool's count of collapses into a snapshot (where it keeps one) is the spec's."""
-        if self.lockstep.state is None:
+        if not self.built:
             return
         actual = self.adapter.event_collapses()
         if self.spec.num_collapses:
@@ -557,9 +520,9 @@ class PoolMachine(BoundedSteps):
 
     @invariant()
     def matches_spec_state(self) -> None:
-        if self.lockstep.state is None:
+        if not self.built:
             return
-        actual, expected = self._target_view()[0], view_of(self.spec)
+        actual, expected = self.target_view(), view_of(self.spec)
         if actual != expected:
             note(f"target: {actual}\nspec:   {expected}")
         assert actual.free == expected.free, \
@@ -578,20 +541,17 @@ class PoolMachine(BoundedSteps):
 
     @invariant()
     def target_representation(self) -> None:
-        """The target's own representation invariant (impl's ``BlockPool._check()``), last:
-        a bug the spec's named invariants see is reported by name first."""
-        if self.lockstep.state is not None:
+        """The target's own representation invariant (impl's
+        ``BlockPool.check_representation()``), last: a bug the spec's named invariants see is
+        reported by name first."""
+        if self.built:
             self.adapter.check_representation()
-
-
-def _target_state_once_built(machine: PoolMachine) -> PoolState | None:
-    return None if machine.lockstep.state is None else machine.target_state()
 
 
 # The spec's own states are checked exhaustively (explore.py) and by CrossHair; here the
 # target's, which the spec's must equal (matches_spec_state).
-add_named_invariants(PoolMachine, pool_invariants.ALL, _target_state_once_built)
-add_named_invariants(PoolMachine, event_consumer.ALL, _target_state_once_built)  # a router's view
+PoolMachine.add_invariants(pool_invariants.ALL)
+PoolMachine.add_invariants(event_consumer.ALL)  # a router's view
 
 
 def machine_for(make_adapter: Callable[[], VllmApiPool],
@@ -600,6 +560,5 @@ def machine_for(make_adapter: Callable[[], VllmApiPool],
     """A PoolMachine subclass that checks adapters made by make_adapter against profile
     (and an eviction policy: the profile's when None)."""
     small = policy is not None and policy.name.value in ("priority", "pinned")
-    return type("PoolConformance", (PoolMachine,),
-                {"make_adapter": staticmethod(make_adapter), "profile": profile,
-                 "policy": policy, "max_blocks": 8 if small else 16})
+    return PoolMachine.for_target(make_adapter, profile=profile, policy=policy,
+                                  max_blocks=8 if small else 16)

@@ -10,11 +10,20 @@ on the pool's own API, for counterexamples (`lockstep.counterexample_source`).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from kvspec.conformance.lockstep import Unsupported
+from kvspec.conformance.lockstep import (
+    NOTHING,
+    Adapter,
+    Arg,
+    Call,
+    Reader,
+    Unsupported,
+    method,
+    representation_check_of,
+)
 from kvspec.spec import pool as model
 from kvspec.spec.pool import NULL_BLOCK, Cleared, Event, Key, PoolState, Removed, Stored
 
@@ -166,38 +175,66 @@ def pool_view(pool: Any) -> PoolView:
                     retention, pinned)
 
 
-# The eviction-policy commands, as calls on a target's policy API: impl's pool and manager
-# (and a pool claiming a policy) name them alike.
-_POLICY_METHODS: dict[type, str] = {
-    model.SetRetention: "set_retention", model.AdvanceClock: "advance_clock",
-    model.PinBlocks: "pin_blocks", model.UnpinBlocks: "unpin_blocks",
+def _policy_call(name: str, arguments: Callable[[Any, Any], tuple[object, ...]]) -> Call:
+    """A policy call: `Unsupported` where the target lacks it."""
+    call = method(name, arguments)
+
+    def run(adapter: Any, command: Any) -> None:  # whatever the call returns, the spec's None
+        if getattr(adapter.target, name, None) is None:
+            raise Unsupported(f"the target has no {name}")
+        call.run(adapter, command)
+
+    return Call(run, call.write)
+
+
+# `spec.pool.POLICY_COMMANDS` as calls on a target's policy API, which impl's pool and manager
+# (and a pool claiming a policy) name alike: part of both adapters' tables.
+POLICY_CALLS: dict[type, Call] = {
+    model.SetRetention: _policy_call("set_retention", lambda a, c: (
+        list(c.block_ids), c.priority, c.duration)),
+    model.AdvanceClock: _policy_call("advance_clock", lambda a, c: (c.now,)),
+    model.PinBlocks: _policy_call("pin_blocks", lambda a, c: (list(c.block_ids),)),
+    model.UnpinBlocks: _policy_call("unpin_blocks", lambda a, c: (list(c.block_ids),)),
 }
 
-
-def _policy_arguments(command: Any) -> tuple[Any, ...]:
-    if isinstance(command, model.SetRetention):
-        return list(command.block_ids), command.priority, command.duration
-    if isinstance(command, model.AdvanceClock):
-        return (command.now,)
-    return (list(command.block_ids),)
+IDS = Reader(ids, "ids({})")
+EVENTS = Reader(spec_events, "spec_events({})")
 
 
-def perform_policy_command(target: Any, command: Any) -> None:
-    """Run a `spec.pool.POLICY_COMMANDS` command on a pool or manager; `Unsupported` where
-    the target lacks the call."""
-    method = getattr(target, _POLICY_METHODS[type(command)], None)
-    if method is None:
-        raise Unsupported(f"the target has no {_POLICY_METHODS[type(command)]}")
-    method(*_policy_arguments(command))
+def evicted_arg(block_ids: Sequence[int]) -> Arg:
+    """The set of block ids evict_blocks takes."""
+    return Arg(str(set(block_ids) or "set()"), lambda: set(block_ids))
 
 
-def policy_call_source(variable: str, command: Any) -> str:
-    """A policy command as a call on ``variable`` (for counterexamples)."""
-    arguments = ", ".join(repr(a) for a in _policy_arguments(command))
-    return f"{variable}.{_POLICY_METHODS[type(command)]}({arguments})"
+def _new_pool(adapter: VllmApiPool, c: model.NewPool) -> None:
+    adapter.num_blocks = c.num_blocks
+    extra: dict[str, Any] = {} if c.max_pending_events is None else {
+        "max_pending_kv_events": c.max_pending_events}
+    if adapter.policy_class is not None:
+        extra["eviction_policy"] = adapter.policy_class(**plug_in_arguments(c.policy))
+    adapter.pool = adapter.pool_class(c.num_blocks, c.enable_caching, adapter.hash_block_size,
+                                      enable_kv_cache_events=c.enable_events, **extra)
 
 
-class VllmApiPool:
+def _new_pool_source(adapter: VllmApiPool, c: model.NewPool) -> str:
+    adapter.num_blocks = c.num_blocks
+    bound = ("" if c.max_pending_events is None
+             else f", max_pending_kv_events={c.max_pending_events}")
+    if adapter.policy_path is not None:
+        arguments = "".join(f"{k}={v!r}" for k, v in plug_in_arguments(c.policy).items())
+        bound += f", eviction_policy={adapter.policy_path.partition(':')[2]}({arguments})"
+    return (f"{adapter.pool_path.partition(':')[2]}({c.num_blocks}, {c.enable_caching}, "
+            f"{adapter.hash_block_size}, enable_kv_cache_events={c.enable_events}{bound})")
+
+
+def _get_cached_prefix(adapter: VllmApiPool, c: model.GetCachedPrefix) -> Any:
+    lookup = getattr(adapter.pool, "get_cached_prefix", None)
+    if lookup is None:
+        raise Unsupported("the pool has no bulk prefix lookup (vLLM's has none)")
+    return lookup(list(c.block_hashes), c.group_id, c.max_blocks)
+
+
+class VllmApiPool(Adapter):
     """Performs pool commands on a class with vLLM 0.13's BlockPool API (``module:Class``).
 
     ``block_module`` names where KVCacheBlock lives (for blocks foreign to the pool).
@@ -226,79 +263,72 @@ class VllmApiPool:
         self.num_blocks = 0
         self._event_bound: bool | None = None  # supports_event_bound(), once known
 
-    # -- the commands --------------------------------------------------------------------
+    # -- the commands: how each runs on the pool, and is written as a call ------------------
 
-    def perform(self, command: Any) -> object:
-        """Run one `spec.pool` command on the pool; the output in the spec's terms."""
-        c = command
-        if isinstance(c, model.NewPool):
-            self.num_blocks = c.num_blocks
-            extra: dict[str, Any] = {} if c.max_pending_events is None else {
-                "max_pending_kv_events": c.max_pending_events}
-            if self.policy_class is not None:
-                extra["eviction_policy"] = self.policy_class(**plug_in_arguments(c.policy))
-            self.pool = self.pool_class(c.num_blocks, c.enable_caching, self.hash_block_size,
-                                        enable_kv_cache_events=c.enable_events, **extra)
-            return None
-        pool = self.pool
-        if isinstance(c, model.GetNewBlocks):
-            return ids(pool.get_new_blocks(c.n))
-        if isinstance(c, model.FreeBlocks):
-            pool.free_blocks(self._block(i) for i in c.block_ids)
-            return None
-        if isinstance(c, model.Touch):
-            blocks = [self._block(i) for i in c.block_ids]
-            pool.touch(blocks if self.flat_touch else (blocks,))
-            return None
-        if isinstance(c, model.CacheFullBlocks):
-            pool.cache_full_blocks(self._request(c), [self._block(i) for i in c.block_ids],
-                                   c.num_cached, c.num_full, c.block_size, c.group_id)
-            return None
-        if isinstance(c, model.GetCachedBlock):
-            return ids_or_none(pool.get_cached_block(c.block_hash, list(c.group_ids)))
-        if isinstance(c, model.GetCachedPrefix):
-            lookup = getattr(pool, "get_cached_prefix", None)
-            if lookup is None:
-                raise Unsupported("the pool has no bulk prefix lookup (vLLM's has none)")
-            return ids(lookup(list(c.block_hashes), c.group_id, c.max_blocks))
-        if isinstance(c, model.EvictBlocks):
-            pool.evict_blocks(set(c.block_ids))
-            return None
-        if isinstance(c, model.ResetPrefixCache):
-            return bool(pool.reset_prefix_cache())
-        if isinstance(c, model.TakeEvents):
-            return spec_events(pool.take_events())
-        if isinstance(c, model.GetNumFreeBlocks):
-            return int(pool.get_num_free_blocks())
-        if isinstance(c, model.GetUsage):
-            return float(pool.get_usage())
-        if isinstance(c, model.POLICY_COMMANDS):
-            perform_policy_command(pool, c)
-            return None
-        raise LookupError(f"not a pool command: {command!r}")
+    calls: ClassVar[dict[type, Call]] = {
+        model.NewPool: Call(_new_pool, _new_pool_source),
+        model.GetNewBlocks: method("get_new_blocks", lambda a, c: (c.n,), IDS),
+        # free_blocks is given a generator, as vLLM's callers give it
+        model.FreeBlocks: method("free_blocks", lambda a, c: (a.blocks_arg(c.block_ids, iter),),
+                                 NOTHING),
+        model.Touch: method("touch", lambda a, c: (a.touch_arg(c.block_ids),), NOTHING),
+        model.CacheFullBlocks: method("cache_full_blocks", lambda a, c: (
+            Arg(a.request_source(c), lambda: a.request(c)), a.blocks_arg(c.block_ids),
+            c.num_cached, c.num_full, c.block_size, c.group_id), NOTHING),
+        model.GetCachedBlock: method("get_cached_block",
+                                     lambda a, c: (c.block_hash, list(c.group_ids)),
+                                     Reader(ids_or_none, "ids_or_none({})")),
+        model.GetCachedPrefix: Call(_get_cached_prefix, method(
+            "get_cached_prefix", lambda a, c: (list(c.block_hashes), c.group_id,
+                                               c.max_blocks)).write, IDS),
+        model.EvictBlocks: method("evict_blocks", lambda a, c: (evicted_arg(c.block_ids),),
+                                  NOTHING),
+        model.ResetPrefixCache: method("reset_prefix_cache", read=Reader(bool)),
+        model.TakeEvents: method("take_events", read=EVENTS),
+        model.GetNumFreeBlocks: method("get_num_free_blocks", read=Reader(int)),
+        model.GetUsage: method("get_usage", read=Reader(float)),
+        **POLICY_CALLS,
+    }
 
     def _block(self, block_id: int) -> Any:
         if 0 <= block_id < self.num_blocks:
             return self.pool.blocks[block_id]
         return self.block_class(block_id)  # a block this pool never made
 
-    def _tokens(self, command: model.CacheFullBlocks) -> list[int]:
+    def _block_source(self, block_id: int) -> str:
+        if 0 <= block_id < self.num_blocks:
+            return f"pool.blocks[{block_id}]"
+        return f"KVCacheBlock({block_id})"
+
+    def blocks_arg(self, block_ids: Sequence[int],
+                   collect: Callable[[Iterator[Any]], Any] = list) -> Arg:
+        """The blocks of block_ids (foreign ones for ids outside the pool), collected."""
+        source = "[" + ", ".join(self._block_source(i) for i in block_ids) + "]"
+        return Arg(source, lambda: collect(self._block(i) for i in block_ids))
+
+    def touch_arg(self, block_ids: Sequence[int]) -> Arg:
+        """touch's argument: a tuple of per-group block lists (0.13), or a flat list."""
+        blocks = self.blocks_arg(block_ids)
+        if self.flat_touch:
+            return blocks
+        return Arg(f"({blocks.source},)", lambda: (blocks.get(),))
+
+    def tokens(self, command: model.CacheFullBlocks) -> list[int]:
         """The request's tokens: the cached blocks' (never read) and the new blocks'."""
         return [0] * (command.num_cached * command.block_size) + list(command.token_ids)
 
-    def _request(self, command: model.CacheFullBlocks) -> Any:
+    def request(self, command: model.CacheFullBlocks) -> Any:
         """The stand-in request cache_full_blocks reads (a release may read more fields)."""
-        return request_for(command.block_hashes, self._tokens(command), command.lora_id,
+        return request_for(command.block_hashes, self.tokens(command), command.lora_id,
                            command.retention)
+
+    def request_source(self, command: model.CacheFullBlocks) -> str:
+        hints = f", {list(command.retention)!r}" if command.retention else ""
+        return (f"request_for({list(command.block_hashes)!r}, {self.tokens(command)!r}, "
+                f"{command.lora_id!r}{hints})")
 
     def view(self) -> PoolView:
         return pool_view(self.pool)
-
-    def check_representation(self) -> None:
-        """The pool's own representation check, where it has one (impl's ``_check()``)."""
-        check = getattr(self.pool, "_check", None)
-        if check is not None:
-            check()
 
     def supports_event_bound(self) -> bool:
         """Whether the pool class takes kvspec's bound on pending events (vLLM's does not):
@@ -333,67 +363,10 @@ class VllmApiPool:
                 "pool_view, request_for,\n    spec_events)",
                 "from kvspec.spec.pool import Cleared, Removed, Stored"]
 
-    def _block_source(self, block_id: int) -> str:
-        if 0 <= block_id < self.num_blocks:
-            return f"pool.blocks[{block_id}]"
-        return f"KVCacheBlock({block_id})"
-
-    def _blocks_source(self, block_ids: Sequence[int]) -> str:
-        return "[" + ", ".join(self._block_source(i) for i in block_ids) + "]"
-
-    def call_source(self, command: Any) -> str:
-        c = command
-        if isinstance(c, model.NewPool):
-            self.num_blocks = c.num_blocks
-            bound = ("" if c.max_pending_events is None
-                     else f", max_pending_kv_events={c.max_pending_events}")
-            if self.policy_path is not None:
-                arguments = "".join(f"{k}={v!r}" for k, v in plug_in_arguments(c.policy).items())
-                bound += f", eviction_policy={self.policy_path.partition(':')[2]}({arguments})"
-            return (f"{self.pool_path.partition(':')[2]}({c.num_blocks}, {c.enable_caching}, "
-                    f"{self.hash_block_size}, enable_kv_cache_events={c.enable_events}{bound})")
-        if isinstance(c, model.GetNewBlocks):
-            return f"pool.get_new_blocks({c.n})"
-        if isinstance(c, model.FreeBlocks):
-            return f"pool.free_blocks({self._blocks_source(c.block_ids)})"
-        if isinstance(c, model.Touch):
-            blocks = self._blocks_source(c.block_ids)
-            return f"pool.touch({blocks if self.flat_touch else f'({blocks},)'})"
-        if isinstance(c, model.CacheFullBlocks):
-            hints = f", {list(c.retention)!r}" if c.retention else ""
-            request = (f"request_for({list(c.block_hashes)!r}, {self._tokens(c)!r}, "
-                       f"{c.lora_id!r}{hints})")
-            return (f"pool.cache_full_blocks({request}, {self._blocks_source(c.block_ids)}, "
-                    f"{c.num_cached}, {c.num_full}, {c.block_size}, {c.group_id})")
-        if isinstance(c, model.GetCachedBlock):
-            return f"pool.get_cached_block({c.block_hash!r}, {list(c.group_ids)!r})"
-        if isinstance(c, model.GetCachedPrefix):
-            return (f"pool.get_cached_prefix({list(c.block_hashes)!r}, {c.group_id}, "
-                    f"{c.max_blocks})")
-        if isinstance(c, model.EvictBlocks):
-            return f"pool.evict_blocks({set(c.block_ids) or 'set()'})"
-        if isinstance(c, model.ResetPrefixCache):
-            return "pool.reset_prefix_cache()"
-        if isinstance(c, model.TakeEvents):
-            return "pool.take_events()"
-        if isinstance(c, model.GetNumFreeBlocks):
-            return "pool.get_num_free_blocks()"
-        if isinstance(c, model.POLICY_COMMANDS):
-            return policy_call_source("pool", c)
-        return "pool.get_usage()"
-
-    def output_source(self, command: Any, expression: str) -> str:
-        if isinstance(command, (model.GetNewBlocks, model.GetCachedPrefix)):
-            return f"ids({expression})"
-        if isinstance(command, model.GetCachedBlock):
-            return f"ids_or_none({expression})"
-        if isinstance(command, model.TakeEvents):
-            return f"spec_events({expression})"
-        return expression
-
     def view_source(self) -> str:
         return "pool_view(pool)"
 
     def check_source(self) -> str | None:
         """The pool's own representation check, where its class has one."""
-        return "pool._check()" if hasattr(self.pool_class, "_check") else None
+        check = representation_check_of(self.pool_class)
+        return None if check is None else f"pool.{check}()"

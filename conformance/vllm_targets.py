@@ -29,6 +29,10 @@ class TargetError(LookupError):
     """A target that cannot be loaded or driven: the message says why and what to do."""
 
 
+class LayerUnavailable(Exception):
+    """A layer that cannot be audited for this target (no machine, no adapter): skipped."""
+
+
 def vllm_version() -> str | None:
     """The version of the vLLM this interpreter imports, or None when it has none."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -39,7 +43,7 @@ def vllm_version() -> str | None:
     return str(getattr(vllm, "__version__", "unknown"))
 
 
-def _no_vllm_message() -> str:
+def no_vllm_message() -> str:
     import sys
 
     return (
@@ -59,7 +63,7 @@ def load_class(path: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as error:
         if module_name.split(".")[0] == "vllm":
-            raise TargetError(_no_vllm_message()) from error
+            raise TargetError(no_vllm_message()) from error
         raise TargetError(f"cannot import module {module_name!r} of target {path!r}: "
                           f"{error}") from error
     except Exception as error:  # the module itself raised while importing
@@ -127,16 +131,16 @@ class Vllm033Pool(VllmApiPool):
 
     flat_touch = True
 
-    def _request(self, command: Any) -> Any:
-        return request_for_033(command.block_hashes, self._tokens(command), command.lora_id)
+    def request(self, command: Any) -> Any:
+        return request_for_033(command.block_hashes, self.tokens(command), command.lora_id)
+
+    def request_source(self, command: Any) -> str:
+        return (f"request_for_033({list(command.block_hashes)!r}, {self.tokens(command)!r}, "
+                f"{command.lora_id!r})")
 
     def imports(self) -> list[str]:
         return [*super().imports(),
                 "from kvspec.conformance.vllm_targets import request_for_033"]
-
-    def call_source(self, command: Any) -> str:
-        source = super().call_source(command)
-        return source.replace("(request_for(", "(request_for_033(")
 
 
 def request_for_033(block_hashes: Sequence[bytes], token_ids: Sequence[int],
@@ -190,7 +194,7 @@ def pool_target(name: str) -> PoolTargetInfo:
     elif name == "vllm":
         version = vllm_version()
         if version is None:
-            raise TargetError(_no_vllm_message())
+            raise TargetError(no_vllm_message())
         path = VLLM_POOL
     elif ":" in name:
         path = name
@@ -249,13 +253,6 @@ def vllm_kv_cache_config(impl_config: Any) -> Any:
             values["dtypes"] = tuple(dtype(d) for d in values["dtypes"])
         groups.append(vllm_kv.KVCacheGroupSpec(list(group.layer_names), vllm_class(**values)))
     return vllm_kv.KVCacheConfig(impl_config.num_blocks, [], groups)
-
-
-def vllm_manager_013_target() -> Any:
-    """An adapter driving vLLM 0.13's KVCacheManager (`manager_targets.Vllm013Manager`)."""
-    from kvspec.conformance.manager_targets import Vllm013Manager
-
-    return Vllm013Manager()
 
 
 def vllm_013_layouts(layouts: Sequence[Any]) -> tuple[list[Any], list[str]]:

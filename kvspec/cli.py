@@ -104,6 +104,9 @@ def add_audit_parser(subparsers: Any) -> None:
                         help="a step (a rule, or the invariant checks after it) that has not "
                         "returned after SECONDS is a discrepancy, reported with its program "
                         "(default: KVSPEC_STEP_DEADLINE, else 5; 0: no deadline)")
+    parser.add_argument("--mutants", metavar="FILE",
+                        help="the mutation scores `python -m tests.mutants` wrote (default: "
+                        "KVSPEC_MUTANTS, else build/mutants.json under the current directory)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_audit_command)
 
@@ -151,17 +154,12 @@ class ProgressBar:
 
 def run_audit_command(args: argparse.Namespace) -> int:
     """Run ``audit`` for parsed ``args``."""
-    from kvspec.conformance.audit import (
-        BaselineError,
-        apply_baseline,
-        read_baseline,
-        render_report,
-        run_audit,
-        write_counterexamples,
-        write_json,
-    )
+    from kvspec.conformance.audit import run_audit
+    from kvspec.conformance.baseline import BaselineError, apply_baseline, read_baseline
+    from kvspec.conformance.counterexamples import write_counterexamples
     from kvspec.conformance.deadline import configured_seconds
     from kvspec.conformance.profiles import load_profile
+    from kvspec.conformance.report import render_report, write_json
     from kvspec.spec.pool import Profile
 
     load_profile()
@@ -186,7 +184,8 @@ def run_audit_command(args: argparse.Namespace) -> int:
         audit = run_audit(args.target, profile, args.budget, layer=args.layer, scope=args.scope,
                           seed_base=args.seed,
                           progress=None if progress is None else progress.update,
-                          step_deadline=step_deadline, policy=args.policy)
+                          step_deadline=step_deadline, policy=args.policy,
+                          mutants=None if args.mutants is None else Path(args.mutants))
     finally:
         if progress is not None:
             progress.finish()

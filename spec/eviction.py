@@ -11,7 +11,7 @@ blocks with ref count 0 in the order they became free, so every invariant of
 
 The policies:
 
-- ``lru`` (vLLM 0.13, the seeds): freed blocks join the tail; the head goes first.
+- ``lru`` (vLLM 0.13): freed blocks join the tail; the head goes first.
 - ``lru-lifo-unhashed`` (vLLM 0.33): a block freed without a key (or with caching off) is
   reused first: such blocks join the head, in the order given.
 - ``priority`` (TensorRT-LLM's prioritised LRU): a cached block carries a retention priority

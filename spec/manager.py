@@ -5,7 +5,7 @@ group, each request's block list and how many of its blocks are keyed. Every ope
 pure function returning the new state and its outputs. The attention types' arithmetic lives
 in `spec.attention_rules`; the invariants are named predicates at the end of this module.
 
-What the model says, in the words of the seeds:
+What the model says, as vLLM 0.13's kv_cache_manager.py does it:
 
 * A request's prefix-cache lookup (`get_computed_blocks`) is capped at ``num_tokens - 1``
   tokens (the last token is always recomputed for its logits). Groups with equal specs are

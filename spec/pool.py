@@ -38,7 +38,7 @@ class Profile(Enum):
     the operations themselves are shared.
     """
 
-    V0_13 = "vllm-0.13"  # the seeds
+    V0_13 = "vllm-0.13"  # the release impl/ mirrors
     V0_33 = "vllm-0.33"
 
     @property
@@ -133,6 +133,10 @@ class PinRefused(PoolError, ValueError):
 
 class NotPinned(PoolError, LookupError):
     """Unpinning a block that is not pinned."""
+
+
+class UnknownCommand(PoolError, ValueError):
+    """A command that is none of the pool's (`PoolCommand`)."""
 
 
 # --- State -------------------------------------------------------------------------------------
@@ -793,4 +797,6 @@ def step(state: PoolState | None, command: PoolCommand) -> tuple[PoolState, obje
         return pin_blocks(state, command.block_ids), None
     if isinstance(command, UnpinBlocks):
         return unpin_blocks(state, command.block_ids), None
-    return state, usage(state)
+    if isinstance(command, GetUsage):
+        return state, usage(state)
+    raise UnknownCommand(f"not a pool command: {command!r}")

@@ -173,12 +173,6 @@ ALL: tuple[Invariant, ...] = (
 POLICY: tuple[Invariant, ...] = ALL[-3:]
 
 
-def well_formed(state: PoolState) -> bool:
-    """Every invariant holds: the pre- and postcondition of each pool operation."""
-    sized = len(state.ref) == len(state.key_of) == state.num_blocks >= 1
-    return sized and not violated(state)
-
-
 def violated(state: PoolState) -> list[str]:
     """The names of the invariants that do not hold in state."""
     return [inv.__name__ for inv in ALL if not inv(state)]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvspec.cli import main
-from kvspec.conformance.audit import mutation_score
+from kvspec.conformance.mutation_scores import mutation_score
 from kvspec.conformance.pool_machine import BAD_CALLS
 from kvspec.conformance.vllm_targets import vllm_version
 from kvspec.spec import pool_invariants
@@ -183,3 +183,23 @@ def test_mutation_score_comes_from_the_cached_catalogue_run(tmp_path: Path) -> N
     score = mutation_score("tests/test_pool_machine.py", cache=cache)
     assert score is not None
     assert (score["killed"], score["total"], score["survivors"]) == (1, 2, ["b"])
+
+
+def test_mutation_scores_are_found_by_configuration_not_the_package_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """build/mutants.json under the current directory, else KVSPEC_MUTANTS where it is set
+    (``kvspec audit --mutants FILE`` passes a file of its own)."""
+    entries = {"mutants": [{"name": "a", "checker": ["tests/test_pool_machine.py"],
+                            "killed": True}]}
+    monkeypatch.delenv("KVSPEC_MUTANTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert mutation_score("tests/test_pool_machine.py") is None
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "mutants.json").write_text(json.dumps(entries))
+    score = mutation_score("tests/test_pool_machine.py")
+    assert score is not None and score["source"] == str(tmp_path / "build" / "mutants.json")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps(entries))
+    monkeypatch.setenv("KVSPEC_MUTANTS", str(elsewhere))
+    score = mutation_score("tests/test_pool_machine.py")
+    assert score is not None and score["source"] == str(elsewhere)

@@ -7,6 +7,7 @@ import pytest
 from kvspec.conformance.explore import explore, maximal_traces, replay
 from kvspec.conformance.profiles import profile_name
 from kvspec.conformance.targets import VllmApiPool
+from kvspec.spec import pool as model
 from kvspec.spec.pool import Profile
 
 # (blocks, depth): pools of 2-4 blocks are explored to closure; 5 blocks to a bounded depth.
@@ -33,3 +34,16 @@ def test_every_reachable_state_keeps_invariants_and_impl_agrees(
               f"{found.depth_reached}) of a {num_blocks}-block pool, 2 keys, {profile.value}; "
               f"replayed {len(traces) if profile is Profile.V0_13 else 0} maximal traces on impl/")
     assert found.states > num_blocks
+
+
+def test_step_refuses_an_unknown_command() -> None:
+    """A command that is none of the pool's is refused by name, not read as GetUsage."""
+
+    class NotAPoolCommand:
+        def __repr__(self) -> str:
+            return "NotAPoolCommand()"
+
+    state = model.new_pool(4, True, False, Profile.V0_13)
+    with pytest.raises(model.UnknownCommand, match=r"NotAPoolCommand\(\)"):
+        model.step(state, NotAPoolCommand())  # type: ignore[arg-type]
+    assert model.step(state, model.GetUsage()) == (state, model.usage(state))

@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from kvspec.conformance.mutation_scores import mutants_path
 from kvspec.conformance.profiles import MUTANTS_PROFILE
 from tests.mutants import Mutant, catalogue
 
-# `kvspec audit` reads the mutation score from here.
-RESULTS = Path(__file__).resolve().parents[2] / "build" / "mutants.json"
+# `kvspec audit` reads the mutation score from here: $KVSPEC_MUTANTS, else build/mutants.json
+# under the current directory (the repository root, where `python -m tests.mutants` runs).
+RESULTS = mutants_path()
 DEFAULT_TIMEOUT = 600.0  # seconds a checker may run before its mutant counts as a survivor
 
 

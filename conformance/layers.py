@@ -1,0 +1,195 @@
+"""The layers ``kvspec audit`` checks, and how each one's machine is built for a target.
+
+A `Layer` names a component (the free queue, the prefix-cache map, the pool, the manager, the
+block table), the test file whose machine the mutant catalogue scores (the ``checker`` of
+build/mutants.json's entries: a name, not a file read here) and how to build its machine
+(`LayerMachine`) for a target and a profile. `LAYERS` is the registry, in audit order;
+`layers_for` says which of them ``--layer`` selects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from hypothesis.stateful import RuleBasedStateMachine
+
+from kvspec.conformance.vllm_targets import LayerUnavailable, TargetError, pool_target
+from kvspec.spec.pool import NewPool, Profile
+
+__all__ = ["LAYERS", "LAYER_NAMES", "Layer", "LayerMachine", "LayerUnavailable", "layers_for",
+           "policy_layer"]
+
+LAYER_NAMES = ("free-queue", "hash-map", "pool", "manager", "block-table")
+
+
+@dataclass(frozen=True)
+class LayerMachine:
+    """A layer's machine, ready to run against one target under one profile."""
+
+    machine: type[RuleBasedStateMachine]
+    target_class: str  # what is being driven, for the report
+    api: str  # which adapter drives it
+    out_of_contract: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = ()  # what the report should say about this machine
+
+
+@dataclass(frozen=True)
+class Layer:
+    name: str
+    description: str
+    checker: str  # the test file whose machine the mutant catalogue scores
+    build: Callable[[str, Profile], LayerMachine]
+
+
+def _build_pool(target: str, profile: Profile) -> LayerMachine:
+    from kvspec.conformance import pool_machine
+
+    info = pool_target(target)
+    try:  # a target that cannot be built is a usage error, not a discrepancy
+        info.make().perform(NewPool(2, True, True))
+    except Exception as error:
+        raise TargetError(f"cannot build target {info.pool_path!r} as a BlockPool: "
+                          f"{type(error).__name__}: {error}") from error
+    return LayerMachine(pool_machine.machine_for(info.make, profile), info.pool_path, info.api,
+                        frozenset(getattr(pool_machine, "OUT_OF_CONTRACT", ())))
+
+
+def _build_manager(target: str, profile: Profile) -> LayerMachine:
+    try:
+        from kvspec.conformance import manager_machine
+    except ImportError as error:
+        raise LayerUnavailable(f"no manager machine in this checkout ({error})") from error
+    if profile is not Profile.V0_13:
+        raise LayerUnavailable(f"the manager spec has no {profile.value} profile yet")
+    out_of_contract = frozenset(manager_machine.OUT_OF_CONTRACT)
+    if target == "impl":
+        return LayerMachine(manager_machine.machine_for(manager_machine.ImplManager),
+                            "kvspec.impl.kv_cache_manager:KVCacheManager",
+                            "vLLM 0.13 KVCacheManager API", out_of_contract)
+    if target != "vllm":
+        raise LayerUnavailable(f"no KVCacheManager adapter for target {target!r} yet")
+    from kvspec.conformance import vllm_targets
+    from kvspec.conformance.manager_targets import Vllm013Manager
+
+    if vllm_targets.vllm_version() is None:
+        raise TargetError(vllm_targets.no_vllm_message())
+    manager_class = vllm_targets.load_class(vllm_targets.VLLM_MANAGER)
+    if not vllm_targets.has_013_manager_api(manager_class):
+        raise LayerUnavailable("no adapter for this vLLM's KVCacheManager API (0.13's only)")
+    layouts, left_out = vllm_targets.vllm_013_layouts(manager_machine.ALL_LAYOUTS)
+    return LayerMachine(
+        manager_machine.machine_for(Vllm013Manager, tuple(layouts)),
+        vllm_targets.VLLM_MANAGER, "vLLM 0.13 KVCacheManager API", out_of_contract,
+        notes=tuple(f"layout left out: {reason}" for reason in left_out))
+
+
+def policy_layer(layer: str, policy_name: str, target: str, profile: Profile) -> LayerMachine:
+    """The pool or manager machine under an eviction policy (``--policy``): for ``impl``,
+    impl's plug-in of that policy; for a ``module:Class`` that is an impl `EvictionPolicy`
+    plug-in, impl's pool (and manager) built with it; for any other class, a pool with vLLM
+    0.13's API and kvspec's policy calls that claims the policy itself (pool layer only)."""
+    from kvspec.conformance import manager_machine, pool_machine
+    from kvspec.conformance.targets import IMPL_POLICIES, VllmApiPool, load
+    from kvspec.impl.eviction import EvictionPolicy
+    from kvspec.spec.eviction import policy_named
+
+    try:
+        policy = policy_named(policy_name)
+    except ValueError as error:
+        raise TargetError(str(error)) from None
+    plug_in: str | None
+    pool_path = "kvspec.impl.block_pool:BlockPool"
+    if target == "impl":
+        plug_in = IMPL_POLICIES.get(policy_name)
+    elif ":" in target:
+        try:
+            found = load(target)
+        except (ImportError, AttributeError) as error:
+            raise TargetError(f"cannot load target {target!r}: {error}") from error
+        if isinstance(found, type) and issubclass(found, EvictionPolicy):
+            plug_in = target
+        else:
+            plug_in, pool_path = None, target
+    else:
+        raise LayerUnavailable(f"--policy audits impl or a module:Class target, not {target!r}")
+    shown = plug_in or pool_path
+    if layer == "manager":
+        if pool_path != "kvspec.impl.block_pool:BlockPool":
+            raise LayerUnavailable("a pool class is audited on the pool layer only")
+        return LayerMachine(
+            manager_machine.machine_for(lambda: manager_machine.ImplManager(plug_in),
+                                        policy=policy),
+            shown, f"impl's KVCacheManager with eviction policy {policy_name}",
+            frozenset(manager_machine.OUT_OF_CONTRACT))
+
+    def make() -> VllmApiPool:
+        return VllmApiPool(pool_path, policy_path=plug_in)
+    try:
+        make().perform(NewPool(2, True, True, policy=policy))
+    except Exception as error:
+        raise TargetError(f"cannot build target {shown!r} as a BlockPool with policy "
+                          f"{policy_name}: {type(error).__name__}: {error}") from error
+    return LayerMachine(pool_machine.machine_for(make, profile, policy), shown,
+                        f"vLLM 0.13 BlockPool API + eviction policy {policy_name}",
+                        frozenset(pool_machine.OUT_OF_CONTRACT))
+
+
+def _component_layer(module_name: str, target: str, profile: Profile, api: str) -> LayerMachine:
+    """A layer whose machine module offers ``adapter_for(target)`` and ``machine_for``: the
+    free queue, the hash map and the block tables (the same machine under every profile:
+    what they do does not differ between the releases kvspec follows)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"kvspec.conformance.{module_name}")
+    except ModuleNotFoundError as error:
+        raise LayerUnavailable(f"no {module_name} in this checkout ({error})") from error
+    make_adapter = module.adapter_for(target)
+    adapter = make_adapter()
+    target_class = getattr(adapter, "target_path", None) or getattr(
+        adapter, "target_class", None) or target
+    return LayerMachine(module.machine_for(make_adapter), str(target_class), api,
+                        frozenset(getattr(module, "OUT_OF_CONTRACT", ())))
+
+
+LAYERS: dict[str, Layer] = {
+    "free-queue": Layer("free-queue", "FreeKVCacheBlockQueue: the free order on its own",
+                        "tests/test_free_queue_machine.py", partial(
+                            _component_layer, "free_queue_machine",
+                            api="vLLM FreeKVCacheBlockQueue API")),
+    "hash-map": Layer("hash-map", "BlockHashToBlockMap: the prefix-cache map on its own",
+                      "tests/test_hash_map_machine.py", partial(
+                          _component_layer, "hash_map_machine",
+                          api="vLLM BlockHashToBlockMap API")),
+    "pool": Layer("pool", "BlockPool: allocation, ref counts, free order, prefix-cache keys, "
+                  "events", "tests/test_pool_machine.py", _build_pool),
+    "manager": Layer("manager", "KVCacheManager: hits, allocate_slots, free, per-group "
+                     "tables", "tests/test_manager_machine.py", _build_manager),
+    "block-table": Layer("block-table", "BlockTable: rows and slot mapping",
+                         "tests/test_block_table_machine.py", partial(
+                             _component_layer, "block_table_machine",
+                             api="vLLM BlockTable / MultiGroupBlockTable API")),
+}
+
+
+def layers_for(layer: str, target: str) -> list[str]:
+    """Which layers ``--layer`` names: ``auto`` picks by target (a class: by its name)."""
+    if layer == "all" or (layer == "auto" and target in ("impl", "vllm")):
+        return list(LAYER_NAMES)
+    if layer == "auto":
+        class_name = target.partition(":")[2]
+        if "Manager" in class_name:
+            return ["manager"]
+        if "Table" in class_name:
+            return ["block-table"]
+        if "Queue" in class_name:
+            return ["free-queue"]
+        if "Map" in class_name:
+            return ["hash-map"]
+        return ["pool"]
+    if layer not in LAYERS:
+        raise TargetError(f"unknown layer {layer!r}: use {', '.join(LAYER_NAMES)} or all")
+    return [layer]
+
