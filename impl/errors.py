@@ -7,9 +7,9 @@ scripts/compile.py), cannot compile a class with two built-in bases; each module
 its own, so ``from kvspec.impl.block_pool import BlockNotInUseError`` works as before.
 
 A compiled function checks its arguments' annotated types at the call and raises a bare
-``TypeError``; public parameters that take user input are therefore annotated ``int |
-object`` (or an abstract collection type), so that the function's own check runs and raises
-one of these errors in both builds.
+``TypeError``; public parameters that take user input are therefore annotated with abstract
+types mypyc does not check (``SupportsIndex``, ``Sequence``, Protocols), so that the method's
+own check block runs and raises one of these errors in both builds (docs/architecture.md).
 """
 
 from __future__ import annotations
