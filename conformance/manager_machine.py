@@ -57,7 +57,7 @@ from kvspec.conformance.lockstep import (
     attribute,
     method,
 )
-from kvspec.conformance.machine import LockstepMachine
+from kvspec.conformance.machine import LockstepMachine, bad_call
 from kvspec.conformance.targets import (
     EVENTS,
     POLICY_CALLS,
@@ -568,15 +568,6 @@ class Tracked:
 
 
 MAX_LIVE_REQUESTS = 6
-# The bad-call rules: each must be refused with a typed error, changing nothing.
-BAD_CALLS = (
-    "bad_allocate_no_tokens", "bad_allocate_beyond_max_model_len",
-    "bad_allocate_computed_beyond_slots", "bad_cache_blocks_beyond_slots",
-    "bad_allocate_foreign_hits", "bad_allocate_encoder_tokens_without_cross_attention",
-)
-# Situations vLLM's own scheduler never creates (it never passes such arguments): an audit with
-# --scope contract leaves them out. A zero-token allocation is refused by vLLM too.
-OUT_OF_CONTRACT = frozenset(BAD_CALLS) - {"bad_allocate_no_tokens"}
 
 
 class ManagerMachine(LockstepMachine[Session]):
@@ -904,21 +895,17 @@ class ManagerMachine(LockstepMachine[Session]):
 
     # -- rules: bad calls, each refused with a typed error and no change ------------------
 
-    @precondition(bad_calls_now)
-    @rule(request_id=running)
+    @bad_call(bad_calls_now, request_id=running)
     def bad_allocate_no_tokens(self, request_id: str) -> None:
         """allocate_slots for no new token (vLLM 0.13 raises ValueError too)."""
-        self.refuse(model.AllocateSlots(request_id, 0), "bad_allocate_no_tokens")
+        self.refuse(model.AllocateSlots(request_id, 0))
 
-    @precondition(bad_calls_now)
-    @rule(request_id=running, extra=st.integers(1, 3))
+    @bad_call(bad_calls_now, request_id=running, extra=st.integers(1, 3))
     def bad_allocate_beyond_max_model_len(self, request_id: str, extra: int) -> None:
         """More new tokens in one call than max_model_len."""
-        self.refuse(model.AllocateSlots(request_id, self.layout.max_model_len + extra),
-                    "bad_allocate_beyond_max_model_len")
+        self.refuse(model.AllocateSlots(request_id, self.layout.max_model_len + extra))
 
-    @precondition(bad_calls_now)
-    @rule(request_id=running, extra=st.integers(1, 8))
+    @bad_call(bad_calls_now, request_id=running, extra=st.integers(1, 8))
     def bad_allocate_computed_beyond_slots(self, request_id: str, extra: int) -> None:
         """num_computed_tokens past the request's slots (stage 1 would free blocks the
         request still attends to): refused; the count is then set back."""
@@ -928,14 +915,13 @@ class ManagerMachine(LockstepMachine[Session]):
                                               model.get_blocks(self.state, request_id),
                                               strict=True) if group.kind is not Kind.CROSS),
                     default=None)
-        if slots is None or not self.allows("bad_allocate_computed_beyond_slots"):
+        if slots is None:
             return
         self.lockstep(model.SetComputedTokens(request_id, slots + extra))
         self.refuse(model.AllocateSlots(request_id, 1))
         self.lockstep(model.SetComputedTokens(request_id, request.num_computed_tokens))
 
-    @precondition(bad_calls_now)
-    @rule(request_id=running, extra=st.integers(1, 8))
+    @bad_call(bad_calls_now, request_id=running, extra=st.integers(1, 8))
     def bad_cache_blocks_beyond_slots(self, request_id: str, extra: int) -> None:
         """cache_blocks for more tokens than the request has slots for."""
         if not self.state.config.enable_caching or any(
@@ -943,31 +929,27 @@ class ManagerMachine(LockstepMachine[Session]):
             return
         held = min(len(blocks) * group.block_size for group, blocks in zip(
             self.state.config.groups, model.get_blocks(self.state, request_id), strict=True))
-        self.refuse(model.CacheBlocks(request_id, held + extra), "bad_cache_blocks_beyond_slots")
+        self.refuse(model.CacheBlocks(request_id, held + extra))
 
-    @precondition(bad_calls_now)
-    @rule(request_id=waiting, other=running)
+    @bad_call(bad_calls_now, request_id=waiting, other=running)
     def bad_allocate_foreign_hits(self, request_id: str, other: str) -> None:
         """A waiting request allocated with another request's lookup result as its hits."""
         if request_id == other or not self.state.config.enable_caching:
             return
         mine = self._request(request_id)
         hits, num_hit = self.lockstep(model.GetComputedBlocks(other))
-        if not num_hit or num_hit >= len(mine.token_ids) or not self.allows(
-                "bad_allocate_foreign_hits"):
+        if not num_hit or num_hit >= len(mine.token_ids):
             return
         if model.hit_is_valid(self.state, mine.view(), hits, num_hit):
             return  # the other request's prefix is this one's: they are its own hits too
         self.refuse(model.AllocateSlots(request_id, 1, num_hit, True, hits_of=other))
 
-    @precondition(bad_calls_now)
-    @rule(request_id=running, encoder=st.integers(1, 4))
+    @bad_call(bad_calls_now, request_id=running, encoder=st.integers(1, 4))
     def bad_allocate_encoder_tokens_without_cross_attention(self, request_id: str,
                                                             encoder: int) -> None:
         if any(g.kind is Kind.CROSS for g in self.state.config.groups):
             return
-        self.refuse(model.AllocateSlots(request_id, 1, num_encoder_tokens=encoder),
-                    "bad_allocate_encoder_tokens_without_cross_attention")
+        self.refuse(model.AllocateSlots(request_id, 1, num_encoder_tokens=encoder))
 
     # -- checks after every step ---------------------------------------------------------
     # Hypothesis runs invariants in name order: the named checks on the target's state come
@@ -1022,6 +1004,11 @@ class ManagerMachine(LockstepMachine[Session]):
         expected = model.usage(self.state)
         assert isinstance(actual, float) and math.isclose(actual, expected), \
             f"usage: target {actual}, spec {expected}"
+
+
+# Situations vLLM's own scheduler never creates (it never passes such arguments): an audit with
+# --scope contract leaves them out. A zero-token allocation is refused by vLLM too.
+OUT_OF_CONTRACT = ManagerMachine.bad_call_rules - {"bad_allocate_no_tokens"}
 
 
 def _on(parts: Callable[[Session], tuple[Any, ...]], predicate: Callable[..., bool],
