@@ -306,11 +306,9 @@ class BlockTableMachine(LockstepMachine[TablesState]):
 
     def state_from_view(self, view: Any) -> TablesState:
         """The target's rows in the spec's terms (kernel blocks back to manager blocks)."""
-        tables = tuple(
-            tuple(tuple(row[::limits.blocks_per_kv_block]) if limits.blocks_per_kv_block == 1
-                  else tuple(b // limits.blocks_per_kv_block
-                             for b in row[::limits.blocks_per_kv_block]) for row in rows)
-            for rows, limits in zip(view, self.spec.limits, strict=True))
+        tables = tuple(tuple(tuple(b // limits.blocks_per_kv_block
+                                   for b in row[::limits.blocks_per_kv_block]) for row in rows)
+                       for rows, limits in zip(view, self.spec.limits, strict=True))
         return replace(self.spec, tables=tables)
 
     @invariant()

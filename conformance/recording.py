@@ -86,12 +86,10 @@ class Recorder:
 
 
 def _markers(function: Any) -> list[tuple[str, Any]]:
-    found = []
-    for marker in (RULE_MARKER, INITIALIZE_RULE_MARKER, INVARIANT_MARKER):
-        value = getattr(function, marker, None)
-        if value is not None:
-            found.append((marker, value))
-    return found
+    """The Hypothesis rules and invariants a machine's member is, by marker."""
+    return [(marker, getattr(function, marker))
+            for marker in (RULE_MARKER, INITIALIZE_RULE_MARKER, INVARIANT_MARKER)
+            if getattr(function, marker, None) is not None]
 
 
 def _wrap(kind: str, name: str, function: Callable[..., Any],
