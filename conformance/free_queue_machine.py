@@ -88,12 +88,8 @@ def load_classes(target: str, impl_module: str, vllm_module: str, class_name: st
                  api_of: Callable[[Any], str]) -> TargetClasses:
     """The classes of ``target`` (``impl``, ``vllm`` or ``package.module:Class``), the block
     class from the component's module (``KVCacheBlock``, as vLLM's modules import it)."""
-    if target == "impl":
-        path = f"{impl_module}:{class_name}"
-    elif target == "vllm":
-        path = f"{vllm_module}:{class_name}"
-    else:
-        path = target
+    path = {"impl": f"{impl_module}:{class_name}",
+            "vllm": f"{vllm_module}:{class_name}"}.get(target, target)
     component = load_class(path)
     module = importlib.import_module(path.partition(":")[0])
     block = getattr(module, "KVCacheBlock", None)

@@ -1033,12 +1033,9 @@ ManagerMachine.add_invariants(
 
 
 def _sink_blocks(config: Any) -> int:
-    total = 0
-    for group in config.kv_cache_groups:
-        sink_len = getattr(group.kv_cache_spec, "sink_len", None)
-        if sink_len:
-            total += sink_len // group.kv_cache_spec.block_size
-    return total
+    """The blocks a config's sink-attention groups hold for their sinks."""
+    return sum((getattr(group.kv_cache_spec, "sink_len", None) or 0)
+               // group.kv_cache_spec.block_size for group in config.kv_cache_groups)
 
 
 def machine_for(make_target: Callable[[], Any],
