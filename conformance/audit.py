@@ -178,7 +178,8 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
         recorder.counting = True
         examples_before, batch_start = recorder.examples, time.perf_counter()
         run_settings = settings(
-            max_examples=max_examples, stateful_step_count=step_count or _step_count(),
+            max_examples=max_examples,
+            stateful_step_count=step_count or settings().stateful_step_count,
             deadline=None, database=None, derandomize=False, print_blob=False,
             report_multiple_bugs=True, verbosity=Verbosity.quiet,
             phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
@@ -235,15 +236,6 @@ def _shrinking_bounded(seconds: float) -> Iterator[None]:
         engine.MAX_SHRINKING_SECONDS = saved
 
 
-def _step_count() -> int:
-    return int(settings().stateful_step_count)
-
-
-def _rule_names(machine: type[RuleBasedStateMachine]) -> set[str]:
-    rules, invariants = rule_and_invariant_names(machine)
-    return set(rules) | set(invariants)
-
-
 def _excludable(failure: Failure, machine: type[RuleBasedStateMachine]) -> bool:
     """Whether the audit may exclude what failed and look further: a bad-call rule (named
     ``bad_*``, or listed in the machine's ``bad_call_rules``), or a named situation inside a
@@ -253,7 +245,8 @@ def _excludable(failure: Failure, machine: type[RuleBasedStateMachine]) -> bool:
         return False
     if situation.startswith("bad_") or situation in getattr(machine, "bad_call_rules", ()):
         return True
-    return situation != failure.check and situation not in _rule_names(machine)
+    rules, invariants = rule_and_invariant_names(machine)
+    return situation != failure.check and situation not in {*rules, *invariants}
 
 
 def _rows(machine: type[RuleBasedStateMachine], recorder: Recorder,
@@ -283,11 +276,7 @@ def _rows(machine: type[RuleBasedStateMachine], recorder: Recorder,
 
 
 def _verdict(steps: int, failing: bool, excluded: bool) -> str:
-    if failing:
-        return "FAIL"
-    if excluded:
-        return "excluded"
-    return "ok" if steps else "not reached"
+    return "FAIL" if failing else "excluded" if excluded else "ok" if steps else "not reached"
 
 
 def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",

@@ -21,10 +21,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 from hypothesis import event, strategies as st
-from hypothesis.stateful import initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, rule
 
 from kvspec.conformance.lockstep import NOTHING, Adapter, Call, Reader, method
-from kvspec.conformance.machine import LockstepMachine
+from kvspec.conformance.machine import LockstepMachine, bad_call
 from kvspec.spec import block_table_model as model, slot_mapping as slots
 from kvspec.spec.block_table_model import (
     AddRow,
@@ -59,11 +59,6 @@ CONFIGS = (
     _config((4,), (2,), dcp_world_size=2),  # context parallel, kernel blocks
     _config((2, 4), (2, 4), backend="torch"),  # the torch device path
 )
-# Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
-BAD_CALL_RULES = frozenset({"bad_block_outside_pool", "bad_row_outside_table",
-                            "bad_batch_negative_position", "bad_batch_row_outside_table",
-                            "bad_batch_lengths_differ"})
-OUT_OF_CONTRACT = BAD_CALL_RULES
 
 row_indices = st.integers(0, NUM_ROWS - 1)
 block_lists = st.lists(st.integers(0, NUM_BLOCKS - 1), max_size=MAX_BLOCKS)
@@ -195,7 +190,6 @@ class BlockTableMachine(LockstepMachine[TablesState]):
     spec_step = staticmethod(model.step)
     view_of = staticmethod(view_of)
     make_adapter: Callable[[], TablesAdapter] = TablesAdapter
-    bad_call_rules = BAD_CALL_RULES
 
     def __init__(self) -> None:
         super().__init__()
@@ -277,15 +271,15 @@ class BlockTableMachine(LockstepMachine[TablesState]):
 
     # -- rules: bad calls, each refused with a typed error and no change ------------------
 
-    @rule(row=row_indices, bad=st.sampled_from([-1, NUM_BLOCKS, 2**40]), group=st.integers(0, 1),
+    @bad_call(row=row_indices, bad=st.sampled_from([-1, NUM_BLOCKS, 2**40]),
+              group=st.integers(0, 1),
           append=st.booleans())
     def bad_block_outside_pool(self, row: int, bad: int, group: int, append: bool) -> None:
         ids = tuple((bad,) if g == group % self.num_groups else () for g in range(
             self.num_groups))
-        self.refuse(AppendRow(row, ids) if append else AddRow(row, ids),
-                    "bad_block_outside_pool")
+        self.refuse(AppendRow(row, ids) if append else AddRow(row, ids))
 
-    @rule(bad=st.sampled_from([-1, NUM_ROWS, NUM_ROWS + 5]), good=row_indices,
+    @bad_call(bad=st.sampled_from([-1, NUM_ROWS, NUM_ROWS + 5]), good=row_indices,
           operation=st.sampled_from(["add_row", "append_row", "move_row", "swap_row",
                                      "clear_row", "move_row to"]))
     def bad_row_outside_table(self, bad: int, good: int, operation: str) -> None:
@@ -294,31 +288,27 @@ class BlockTableMachine(LockstepMachine[TablesState]):
             "add_row": AddRow(bad, ids), "append_row": AppendRow(bad, ids),
             "move_row": MoveRow(bad, good), "swap_row": SwapRow(bad, good),
             "clear_row": ClearRow(bad), "move_row to": MoveRow(good, bad)}[operation]
-        self.refuse(command, "bad_row_outside_table")
+        self.refuse(command)
 
-    @precondition(lambda self: self.built and bool(self.spec.tables[0][0]))
-    @rule()
+    @bad_call(lambda self: self.built and bool(self.spec.tables[0][0]))
     def bad_batch_negative_position(self) -> None:
-        self.refuse(ComputeSlotMapping((0, 1), (0, -3)), "bad_batch_negative_position")
+        self.refuse(ComputeSlotMapping((0, 1), (0, -3)))
 
-    @rule()
+    @bad_call()
     def bad_batch_row_outside_table(self) -> None:
-        self.refuse(ComputeSlotMapping((NUM_ROWS,), (0,)), "bad_batch_row_outside_table")
+        self.refuse(ComputeSlotMapping((NUM_ROWS,), (0,)))
 
-    @precondition(lambda self: self.built and bool(self.spec.tables[0][0]))
-    @rule()
+    @bad_call(lambda self: self.built and bool(self.spec.tables[0][0]))
     def bad_batch_lengths_differ(self) -> None:
-        self.refuse(ComputeSlotMapping((0, 1), (0,)), "bad_batch_lengths_differ")
+        self.refuse(ComputeSlotMapping((0, 1), (0,)))
 
     # -- invariants ----------------------------------------------------------------------
 
     def state_from_view(self, view: Any) -> TablesState:
         """The target's rows in the spec's terms (kernel blocks back to manager blocks)."""
-        tables = tuple(
-            tuple(tuple(row[::limits.blocks_per_kv_block]) if limits.blocks_per_kv_block == 1
-                  else tuple(b // limits.blocks_per_kv_block
-                             for b in row[::limits.blocks_per_kv_block]) for row in rows)
-            for rows, limits in zip(view, self.spec.limits, strict=True))
+        tables = tuple(tuple(tuple(b // limits.blocks_per_kv_block
+                                   for b in row[::limits.blocks_per_kv_block]) for row in rows)
+                       for rows, limits in zip(view, self.spec.limits, strict=True))
         return replace(self.spec, tables=tables)
 
     @invariant()
@@ -373,6 +363,10 @@ class BlockTableMachine(LockstepMachine[TablesState]):
                                     strict=True):
             np.testing.assert_array_equal(table.block_table.gpu.numpy(), published)
             assert table.block_table.gpu.dtype == torch.int32
+
+
+# Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
+OUT_OF_CONTRACT = BlockTableMachine.bad_call_rules
 
 
 def machine_for(make_adapter: Callable[[], TablesAdapter] = TablesAdapter,

@@ -36,7 +36,7 @@ from hypothesis.stateful import (
 )
 
 from kvspec.conformance.lockstep import Adapter, Arg, Call, Reader, attribute, method
-from kvspec.conformance.machine import ComponentMachine
+from kvspec.conformance.machine import ComponentMachine, bad_call
 from kvspec.conformance.vllm_targets import TargetError, load_class
 from kvspec.spec import free_queue as model
 from kvspec.spec.free_queue import (
@@ -88,12 +88,8 @@ def load_classes(target: str, impl_module: str, vllm_module: str, class_name: st
                  api_of: Callable[[Any], str]) -> TargetClasses:
     """The classes of ``target`` (``impl``, ``vllm`` or ``package.module:Class``), the block
     class from the component's module (``KVCacheBlock``, as vLLM's modules import it)."""
-    if target == "impl":
-        path = f"{impl_module}:{class_name}"
-    elif target == "vllm":
-        path = f"{vllm_module}:{class_name}"
-    else:
-        path = target
+    path = {"impl": f"{impl_module}:{class_name}",
+            "vllm": f"{vllm_module}:{class_name}"}.get(target, target)
     component = load_class(path)
     module = importlib.import_module(path.partition(":")[0])
     block = getattr(module, "KVCacheBlock", None)
@@ -192,18 +188,6 @@ def adapter_for(target: str) -> Callable[[], QueueAdapter]:
 # --- The machine -------------------------------------------------------------------------------
 
 
-BAD_CALL_RULES = frozenset({
-    "append_n_listing_a_block_twice",
-    "append_n_with_a_queued_block",
-    "append_queued",
-    "popleft_empty",
-    "popleft_n_more_than_free",
-    "popleft_n_negative",
-    "popleft_n_not_an_int",
-    "remove_unqueued",
-})
-# Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
-OUT_OF_CONTRACT = BAD_CALL_RULES
 
 
 class FreeQueueMachine(ComponentMachine[QueueState]):
@@ -213,7 +197,6 @@ class FreeQueueMachine(ComponentMachine[QueueState]):
     view_of = staticmethod(model.view_of)
     from_view = staticmethod(model.from_view)
     shown = "free order, num_free_blocks"
-    bad_call_rules = BAD_CALL_RULES  # each must be refused; an audit may exclude one it reported
     popped = Bundle("popped")  # block ids out of the queue: what append may put back
 
     # -- set-up --------------------------------------------------------------------------
@@ -281,48 +264,49 @@ class FreeQueueMachine(ComponentMachine[QueueState]):
 
     # -- rules: bad calls, one per kind -----------------------------------------------------
 
-    @precondition(lambda self: not self.spec.free)
-    @rule()
+    @bad_call(lambda self: not self.spec.free)
     def popleft_empty(self) -> None:
-        self.refuse(PopLeft(), "popleft_empty")
+        self.refuse(PopLeft())
 
-    @rule(extra=st.integers(1, 3))
+    @bad_call(extra=st.integers(1, 3))
     def popleft_n_more_than_free(self, extra: int) -> None:
-        self.refuse(PopLeftN(len(self.spec.free) + extra), "popleft_n_more_than_free")
+        self.refuse(PopLeftN(len(self.spec.free) + extra))
 
-    @rule(n=st.integers(-3, -1))
+    @bad_call(n=st.integers(-3, -1))
     def popleft_n_negative(self, n: int) -> None:
-        self.refuse(PopLeftN(n), "popleft_n_negative")
+        self.refuse(PopLeftN(n))
 
-    @rule(n=st.sampled_from(NOT_INTS))
+    @bad_call(n=st.sampled_from(NOT_INTS))
     def popleft_n_not_an_int(self, n: float | str) -> None:
-        self.refuse(PopLeftN(n), "popleft_n_not_an_int")
+        self.refuse(PopLeftN(n))
 
-    @rule(block=popped)
+    @bad_call(block=popped)
     def remove_unqueued(self, block: int) -> None:
-        self.refuse(Remove(block), "remove_unqueued")
+        self.refuse(Remove(block))
 
-    @precondition(lambda self: self.spec.free)
-    @rule(data=st.data())
+    @bad_call(lambda self: self.spec.free, data=st.data())
     def append_queued(self, data: st.DataObject) -> None:
         block = data.draw(st.sampled_from(self.spec.free), label="queued block")
-        self.refuse(Append(block), "append_queued")
+        self.refuse(Append(block))
 
-    @precondition(lambda self: self.spec.free and self.bundle("popped"))
-    @rule(data=st.data(), blocks=st.lists(popped, max_size=3, unique=True))
+    @bad_call(lambda self: self.spec.free and self.bundle("popped"), data=st.data(),
+              blocks=st.lists(popped, max_size=3, unique=True))
     def append_n_with_a_queued_block(self, data: st.DataObject, blocks: list[int]) -> None:
         queued = data.draw(st.sampled_from(self.spec.free), label="queued block")
         at = data.draw(st.integers(0, len(blocks)), label="at")
-        self.refuse(AppendN((*blocks[:at], queued, *blocks[at:])),
-                    "append_n_with_a_queued_block")
+        self.refuse(AppendN((*blocks[:at], queued, *blocks[at:])))
 
-    @rule(block=popped, others=st.lists(popped, max_size=2, unique=True))
+    @bad_call(block=popped, others=st.lists(popped, max_size=2, unique=True))
     def append_n_listing_a_block_twice(self, block: int, others: list[int]) -> None:
         listed = tuple(b for b in others if b != block)
-        self.refuse(AppendN((block, *listed, block)), "append_n_listing_a_block_twice")
+        self.refuse(AppendN((block, *listed, block)))
 
 
 FreeQueueMachine.add_invariants(model.ALL)
+
+
+# Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
+OUT_OF_CONTRACT = FreeQueueMachine.bad_call_rules
 
 
 def machine_for(make_adapter: Callable[[], QueueAdapter],

@@ -37,7 +37,7 @@ from kvspec.conformance.free_queue_machine import (
     load_classes,
 )
 from kvspec.conformance.lockstep import Adapter, Call, Reader, method
-from kvspec.conformance.machine import ComponentMachine
+from kvspec.conformance.machine import ComponentMachine, bad_call
 from kvspec.spec import hash_map as model
 from kvspec.spec.hash_map import GetOneBlock, Insert, Len, MapState, MapView, NewMap, Pop
 
@@ -121,16 +121,6 @@ def adapter_for(target: str) -> Callable[[], MapAdapter]:
     return lambda: MapAdapter(classes)
 
 
-BAD_CALL_RULES = frozenset({
-    "get_one_block_malformed_key",
-    "insert_block_already_under_key",
-    "insert_block_under_second_key",
-    "insert_malformed_key",
-    "pop_block_id_not_an_int",
-    "pop_malformed_key",
-})
-# Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
-OUT_OF_CONTRACT = BAD_CALL_RULES
 
 
 class HashMapMachine(ComponentMachine[MapState]):
@@ -140,7 +130,6 @@ class HashMapMachine(ComponentMachine[MapState]):
     view_of = staticmethod(model.view_of)
     from_view = staticmethod(model.from_view)
     shown = "key -> blocks"
-    bad_call_rules = BAD_CALL_RULES  # each must be refused; an audit may exclude one it reported
     unmapped = Bundle("unmapped")  # block ids in no key: what insert may cache
     mapped = Bundle("mapped")  # (key, block id) pairs in the map: what pop may take out
 
@@ -192,33 +181,37 @@ class HashMapMachine(ComponentMachine[MapState]):
 
     # -- rules: bad calls, one per kind -----------------------------------------------------
 
-    @rule(entry=mapped)
+    @bad_call(entry=mapped)
     def insert_block_already_under_key(self, entry: tuple[bytes, int]) -> None:
-        self.refuse(Insert(*entry), "insert_block_already_under_key")
+        self.refuse(Insert(*entry))
 
-    @rule(entry=mapped, other=st.sampled_from(KEYS))
+    @bad_call(entry=mapped, other=st.sampled_from(KEYS))
     def insert_block_under_second_key(self, entry: tuple[bytes, int], other: bytes) -> None:
         if other != entry[0]:
-            self.refuse(Insert(other, entry[1]), "insert_block_under_second_key")
+            self.refuse(Insert(other, entry[1]))
 
-    @rule(key=st.sampled_from(NOT_KEYS), block=unmapped)
+    @bad_call(key=st.sampled_from(NOT_KEYS), block=unmapped)
     def insert_malformed_key(self, key: object, block: int) -> None:
-        self.refuse(Insert(key, block), "insert_malformed_key")
+        self.refuse(Insert(key, block))
 
-    @rule(key=st.sampled_from(NOT_KEYS))
+    @bad_call(key=st.sampled_from(NOT_KEYS))
     def get_one_block_malformed_key(self, key: object) -> None:
-        self.refuse(GetOneBlock(key), "get_one_block_malformed_key")
+        self.refuse(GetOneBlock(key))
 
-    @rule(key=st.sampled_from(NOT_KEYS), block=st.integers(0, 3))
+    @bad_call(key=st.sampled_from(NOT_KEYS), block=st.integers(0, 3))
     def pop_malformed_key(self, key: object, block: int) -> None:
-        self.refuse(Pop(key, block), "pop_malformed_key")
+        self.refuse(Pop(key, block))
 
-    @rule(key=st.sampled_from(KEYS), block=st.sampled_from(NOT_BLOCK_IDS))
+    @bad_call(key=st.sampled_from(KEYS), block=st.sampled_from(NOT_BLOCK_IDS))
     def pop_block_id_not_an_int(self, key: bytes, block: object) -> None:
-        self.refuse(Pop(key, block), "pop_block_id_not_an_int")
+        self.refuse(Pop(key, block))
 
 
 HashMapMachine.add_invariants(model.ALL)
+
+
+# Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
+OUT_OF_CONTRACT = HashMapMachine.bad_call_rules
 
 
 def machine_for(make_adapter: Callable[[], MapAdapter],

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from hypothesis.stateful import RuleBasedStateMachine
 
@@ -43,15 +44,20 @@ class Layer:
     build: Callable[[str, Profile], LayerMachine]
 
 
+def _check_builds(make: Callable[[], Any], command: NewPool, what: str) -> None:
+    """A target that cannot be built is a usage error, not a discrepancy."""
+    try:
+        make().perform(command)
+    except Exception as error:
+        raise TargetError(f"cannot build target {what}: {type(error).__name__}: "
+                          f"{error}") from error
+
+
 def _build_pool(target: str, profile: Profile) -> LayerMachine:
     from kvspec.conformance import pool_machine
 
     info = pool_target(target)
-    try:  # a target that cannot be built is a usage error, not a discrepancy
-        info.make().perform(NewPool(2, True, True))
-    except Exception as error:
-        raise TargetError(f"cannot build target {info.pool_path!r} as a BlockPool: "
-                          f"{type(error).__name__}: {error}") from error
+    _check_builds(info.make, NewPool(2, True, True), f"{info.pool_path!r} as a BlockPool")
     return LayerMachine(pool_machine.machine_for(info.make, profile), info.pool_path, info.api,
                         frozenset(getattr(pool_machine, "OUT_OF_CONTRACT", ())))
 
@@ -126,11 +132,8 @@ def policy_layer(layer: str, policy_name: str, target: str, profile: Profile) ->
 
     def make() -> VllmApiPool:
         return VllmApiPool(pool_path, policy_path=plug_in)
-    try:
-        make().perform(NewPool(2, True, True, policy=policy))
-    except Exception as error:
-        raise TargetError(f"cannot build target {shown!r} as a BlockPool with policy "
-                          f"{policy_name}: {type(error).__name__}: {error}") from error
+    _check_builds(make, NewPool(2, True, True, policy=policy),
+                  f"{shown!r} as a BlockPool with policy {policy_name}")
     return LayerMachine(pool_machine.machine_for(make, profile, policy), shown,
                         f"vLLM 0.13 BlockPool API + eviction policy {policy_name}",
                         frozenset(pool_machine.OUT_OF_CONTRACT))
@@ -180,15 +183,9 @@ def layers_for(layer: str, target: str) -> list[str]:
         return list(LAYER_NAMES)
     if layer == "auto":
         class_name = target.partition(":")[2]
-        if "Manager" in class_name:
-            return ["manager"]
-        if "Table" in class_name:
-            return ["block-table"]
-        if "Queue" in class_name:
-            return ["free-queue"]
-        if "Map" in class_name:
-            return ["hash-map"]
-        return ["pool"]
+        return next(([name] for word, name in (("Manager", "manager"), ("Table", "block-table"),
+                                                ("Queue", "free-queue"), ("Map", "hash-map"))
+                     if word in class_name), ["pool"])
     if layer not in LAYERS:
         raise TargetError(f"unknown layer {layer!r}: use {', '.join(LAYER_NAMES)} or all")
     return [layer]

@@ -13,16 +13,40 @@ target's state) and ``for_target``, which makes the machine for one target.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from hypothesis import event, note
-from hypothesis.stateful import invariant
+from hypothesis.stateful import invariant, precondition, rule
 
 from kvspec.conformance.deadline import BoundedSteps
 from kvspec.conformance.lockstep import Discrepancy, Lockstep, Refused
 
 S = TypeVar("S")
+Rule = Callable[..., None]
+BAD_CALL_MARKER = "kvspec_bad_call"
+
+
+def bad_call(*preconditions: Callable[[Any], bool],
+             **strategies: Any) -> Callable[[Rule], Rule]:
+    """A bad-call rule: a Hypothesis rule drawing ``strategies``, enabled where every one of
+    ``preconditions`` holds, and listed in its machine's ``bad_call_rules``. It names itself
+    as the step's situation and does nothing where an audit has excluded it; each call it
+    makes must be refused (`LockstepMachine.refuse`)."""
+    def decorate(function: Rule) -> Rule:
+        @functools.wraps(function)
+        def bad_call_rule(self: LockstepMachine[Any], **arguments: Any) -> None:
+            if self.allows(function.__name__):
+                function(self, **arguments)
+
+        decorated: Rule = rule(**strategies)(bad_call_rule)  # type: ignore[no-untyped-call]
+        for condition in preconditions:
+            decorated = precondition(condition)(decorated)
+        setattr(decorated, BAD_CALL_MARKER, True)
+        return decorated
+
+    return decorate
 
 
 class LockstepMachine(BoundedSteps, Generic[S]):
@@ -33,13 +57,20 @@ class LockstepMachine(BoundedSteps, Generic[S]):
     view_of: Any  # the spec's state as a target shows it (a staticmethod)
     make_adapter: Callable[[], Any]
     excluded: frozenset[str] = frozenset()  # bad calls and situations an audit has reported
-    bad_call_rules: frozenset[str] = frozenset()  # each must be refused
+    bad_call_rules: frozenset[str] = frozenset()  # its `bad_call` rules: each must be refused
     situation = ""  # what the current step is doing, named for an audit's report
     # The target's exceptions that are no refusal reported as a `Discrepancy` naming the
     # command (the free queue and the hash map), rather than as they are.
     wrap_target_errors = False
     # False: the machine runs the target's representation check as its last invariant.
     check_representation_each_step = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # The class's own `bad_call` rules join those it inherits (before `BoundedSteps`
+        # wraps its rules).
+        cls.bad_call_rules = cls.bad_call_rules | {
+            name for name, member in vars(cls).items() if getattr(member, BAD_CALL_MARKER, False)}
+        super().__init_subclass__(**kwargs)
 
     def __init__(self) -> None:
         super().__init__()
@@ -78,11 +109,8 @@ class LockstepMachine(BoundedSteps, Generic[S]):
         self.situation = situation
         return situation not in self.excluded
 
-    def refuse(self, command: Any, name: str | None = None) -> None:
-        """A bad call: the spec refuses it, so the target must, changing nothing. With
-        ``name`` (the bad call's), nothing is done where an audit has excluded it."""
-        if name is not None and not self.allows(name):
-            return
+    def refuse(self, command: Any) -> None:
+        """A bad call: the spec refuses it, so the target must, changing nothing."""
         output = self.run(command)
         if not isinstance(output, Refused):
             raise AssertionError(f"{self.situation}: the spec accepts {command}; not a bad "

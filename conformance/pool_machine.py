@@ -38,7 +38,7 @@ from hypothesis.stateful import (
 )
 
 from kvspec.conformance.lockstep import Refused
-from kvspec.conformance.machine import LockstepMachine
+from kvspec.conformance.machine import LockstepMachine, bad_call
 from kvspec.conformance.targets import PoolView, VllmApiPool, view_of
 from kvspec.spec import event_consumer, pool as model, pool_invariants
 from kvspec.spec.eviction import Policy, TokenRangeRetention
@@ -47,19 +47,9 @@ from kvspec.spec.pool import NULL_BLOCK, PoolState, Profile
 BLOCK_SIZE = 2
 NUM_FAMILIES = 2  # distinct prompt prefixes: few, so that keys repeat
 GROUPS = (0, 1)
-# The bad-call rules: each must be refused with a typed error, changing nothing.
-BAD_CALLS = (
-    "bad_free_unreferenced", "bad_free_outside_pool", "bad_touch_outside_pool",
-    "bad_alloc_negative", "bad_alloc_too_many", "bad_cache_keyed_block",
-    "bad_evict_outside_pool", "bad_evict_negative_id", "bad_malformed_hash",
-    "bad_retention", "bad_clock_backwards", "bad_pin", "bad_unpin", "bad_free_pinned",
-)
 # Bounds on pending events (kvspec's pool; a target without them gets None): small, so that
 # collapses into a snapshot happen within a program.
 EVENT_BOUNDS = st.sampled_from([None, None, 1, 2, 3, 6])
-# Situations vLLM's own callers never create (its KV-cache managers guard them): an audit
-# with --scope contract leaves them out.
-OUT_OF_CONTRACT = frozenset(BAD_CALLS) | {"cache_full_blocks with caching off"}
 
 
 # Retention hints a request may carry (read under ``priority``; block i holds tokens
@@ -343,70 +333,61 @@ class PoolMachine(LockstepMachine[PoolState]):
 
     # -- rules: bad calls, each refused with a typed error and no change ------------------
 
-    @precondition(bad_calls_now)
-    @rule(pick=st.integers(0, 15))
+    @bad_call(bad_calls_now, pick=st.integers(0, 15))
     def bad_free_unreferenced(self, pick: int) -> None:
         """Free a block in use together with a free one: nothing may be released."""
         candidates = [b for b in range(1, self.spec.num_blocks) if self.spec.ref[b] == 0]
-        if not candidates or not self.allows("bad_free_unreferenced"):
+        if not candidates:
             return
         in_use = [b for b in range(1, self.spec.num_blocks) if self.spec.ref[b] > 0][:1]
         self.refuse(model.FreeBlocks(tuple(in_use) + (candidates[pick % len(candidates)],)))
 
-    @precondition(bad_calls_now)
-    @rule(offset=st.sampled_from([0, 1, 10_000, -1]))
+    @bad_call(bad_calls_now, offset=st.sampled_from([0, 1, 10_000, -1]))
     def bad_free_outside_pool(self, offset: int) -> None:
-        self.refuse(model.FreeBlocks((self._outside(offset),)), "bad_free_outside_pool")
+        self.refuse(model.FreeBlocks((self._outside(offset),)))
 
-    @precondition(bad_calls_now)
-    @rule(offset=st.sampled_from([0, 1, 10_000, -1]))
+    @bad_call(bad_calls_now, offset=st.sampled_from([0, 1, 10_000, -1]))
     def bad_touch_outside_pool(self, offset: int) -> None:
-        self.refuse(model.Touch((self._outside(offset),)), "bad_touch_outside_pool")
+        self.refuse(model.Touch((self._outside(offset),)))
 
     def _outside(self, offset: int) -> int:
         return -1 if offset < 0 else self.spec.num_blocks + offset
 
-    @precondition(bad_calls_now)
-    @rule()
+    @bad_call(bad_calls_now)
     def bad_alloc_negative(self) -> None:
-        self.refuse(model.GetNewBlocks(-1), "bad_alloc_negative")
+        self.refuse(model.GetNewBlocks(-1))
 
-    @precondition(bad_calls_now)
-    @rule(extra=st.integers(1, 3))
+    @bad_call(bad_calls_now, extra=st.integers(1, 3))
     def bad_alloc_too_many(self, extra: int) -> None:
-        self.refuse(model.GetNewBlocks(model.num_free(self.spec) + extra), "bad_alloc_too_many")
+        self.refuse(model.GetNewBlocks(model.num_free(self.spec) + extra))
 
-    @precondition(bad_calls_now)
-    @rule(pick=st.integers(0, 15))
+    @bad_call(bad_calls_now, pick=st.integers(0, 15))
     def bad_cache_keyed_block(self, pick: int) -> None:
         """Key a block that already has a key."""
         keyed = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is not None]
-        if not keyed or not self.allows("bad_cache_keyed_block"):
+        if not keyed:
             return
         block = keyed[pick % len(keyed)]
         self.refuse(model.CacheFullBlocks((block,), (chain_hash(NUM_FAMILIES, 0),), 0, 1, 0,
                                            (0, 0), BLOCK_SIZE))
 
-    @precondition(bad_calls_now)
-    @rule(offset=st.integers(0, 3))
+    @bad_call(bad_calls_now, offset=st.integers(0, 3))
     def bad_evict_outside_pool(self, offset: int) -> None:
         """Evict an id outside the pool beside every keyed block: all or none."""
-        self.refuse(model.EvictBlocks((self.spec.num_blocks + offset, *self._keyed())),
-                    "bad_evict_outside_pool")
+        self.refuse(model.EvictBlocks((self.spec.num_blocks + offset, *self._keyed())))
 
-    @precondition(bad_calls_now)
-    @rule()
+    @bad_call(bad_calls_now)
     def bad_evict_negative_id(self) -> None:
-        self.refuse(model.EvictBlocks((-1, *self._keyed())), "bad_evict_negative_id")
+        self.refuse(model.EvictBlocks((-1, *self._keyed())))
 
     def _keyed(self) -> tuple[int, ...]:
         return tuple(b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is not None)
 
-    @precondition(bad_calls_now)
-    @rule(bad=st.sampled_from(["not bytes", 12345, None]), via_cache=st.booleans())
+    @bad_call(bad_calls_now, bad=st.sampled_from(["not bytes", 12345, None]),
+              via_cache=st.booleans())
     def bad_malformed_hash(self, bad: Any, via_cache: bool) -> None:
         """A block hash that is not bytes, in a lookup or in cache_full_blocks."""
-        if not self.spec.enable_caching or not self.allows("bad_malformed_hash"):
+        if not self.spec.enable_caching:
             return
         unkeyed = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is None]
         if unkeyed and via_cache:
@@ -415,31 +396,25 @@ class PoolMachine(LockstepMachine[PoolState]):
         else:
             self.refuse(model.GetCachedBlock(bad, (0,)))
 
-    @precondition(lambda self: self.bad_calls_now() and self._has_priorities())
-    @rule(priority=st.sampled_from([-1, 101, 35]), unkeyed=st.booleans())
+    @bad_call(bad_calls_now, _has_priorities, priority=st.sampled_from([-1, 101, 35]),
+              unkeyed=st.booleans())
     def bad_retention(self, priority: int, unkeyed: bool) -> None:
         """A priority out of [0, 100], or one for a block without a key."""
-        if not self.allows("bad_retention"):
-            return
         blocks = [b for b in range(1, self.spec.num_blocks) if self.spec.key_of[b] is None]
         if priority == 35 and not blocks:
             return
         target = blocks[:1] if priority == 35 or unkeyed else list(self._keyed()[:1])
         self.refuse(model.SetRetention(tuple(target), priority))
 
-    @precondition(lambda self: self.bad_calls_now() and (self._has_priorities()
-                                                         or self._has_pins()))
-    @rule()
+    @bad_call(bad_calls_now, lambda self: self._has_priorities() or self._has_pins())
     def bad_clock_backwards(self) -> None:
-        if self.spec.now and self.allows("bad_clock_backwards"):
+        if self.spec.now:
             self.refuse(model.AdvanceClock(self.spec.now - 1))
 
-    @precondition(lambda self: self.bad_calls_now() and self._has_pins())
-    @rule(kind=st.sampled_from(["unkeyed", "twice", "listed twice"]))
+    @bad_call(bad_calls_now, _has_pins,
+              kind=st.sampled_from(["unkeyed", "twice", "listed twice"]))
     def bad_pin(self, kind: str) -> None:
         """Pin a block without a key, a pinned block, or one block listed twice."""
-        if not self.allows("bad_pin"):
-            return
         if kind == "unkeyed":
             blocks = [b for b in range(self.spec.num_blocks) if self.spec.key_of[b] is None]
             self.refuse(model.PinBlocks((blocks[0],)))
@@ -448,22 +423,20 @@ class PoolMachine(LockstepMachine[PoolState]):
         elif self._keyed():
             self.refuse(model.PinBlocks(self._keyed()[:1] * 2))
 
-    @precondition(lambda self: self.bad_calls_now() and self._has_pins())
-    @rule()
+    @bad_call(bad_calls_now, _has_pins)
     def bad_unpin(self) -> None:
         """Unpin a block that is not pinned."""
         unpinned = [b for b in range(1, self.spec.num_blocks) if b not in self.spec.pinned]
-        if unpinned and self.allows("bad_unpin"):
+        if unpinned:
             self.refuse(model.UnpinBlocks((unpinned[0],)))
 
     # Whenever a block is pinned (not one step in three): pins are rare in tiny pools.
-    @precondition(lambda self: self._has_pins() and bool(self.spec.pinned))
-    @rule(evict=st.booleans())
+    @bad_call(lambda self: self._has_pins() and bool(self.spec.pinned), evict=st.booleans())
     def bad_free_pinned(self, evict: bool) -> None:
         """Free a pinned block as often as it is referenced (the pin's reference too), or
         evict a pinned block: both refused."""
         pinned = self.spec.pinned
-        if not pinned or not self.allows("bad_free_pinned"):
+        if not pinned:
             return
         if evict:
             self.refuse(model.EvictBlocks(pinned[:1]))
@@ -547,6 +520,12 @@ class PoolMachine(LockstepMachine[PoolState]):
         if self.built:
             self.adapter.check_representation()
 
+
+# The bad-call rules: each must be refused with a typed error, changing nothing.
+BAD_CALLS = tuple(sorted(PoolMachine.bad_call_rules))
+# Situations vLLM's own callers never create (its KV-cache managers guard them): an audit
+# with --scope contract leaves them out.
+OUT_OF_CONTRACT = PoolMachine.bad_call_rules | {"cache_full_blocks with caching off"}
 
 # The spec's own states are checked exhaustively (explore.py) and by CrossHair; here the
 # target's, which the spec's must equal (matches_spec_state).

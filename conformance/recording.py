@@ -86,24 +86,28 @@ class Recorder:
 
 
 def _markers(function: Any) -> list[tuple[str, Any]]:
-    found = []
-    for marker in (RULE_MARKER, INITIALIZE_RULE_MARKER, INVARIANT_MARKER):
-        value = getattr(function, marker, None)
-        if value is not None:
-            found.append((marker, value))
-    return found
+    """The Hypothesis rules and invariants a machine's member is, by marker."""
+    return [(marker, getattr(function, marker))
+            for marker in (RULE_MARKER, INITIALIZE_RULE_MARKER, INVARIANT_MARKER)
+            if getattr(function, marker, None) is not None]
 
 
-def _wrap_rule(name: str, function: Callable[..., Any], recorder: Recorder) -> Callable[..., Any]:
-    def rule_wrapper(machine: Any, **arguments: Any) -> Any:
-        machine.situation = name
-        machine._kvspec_rule = name
+def _wrap(kind: str, name: str, function: Callable[..., Any],
+          recorder: Recorder) -> Callable[..., Any]:
+    """A rule (or an invariant, ``kind``) that reports its steps and failures to recorder; a
+    rule also names itself as the machine's situation, and counts a situation it names."""
+    def wrapper(machine: Any, **arguments: Any) -> Any:
+        if kind == "rule":
+            machine.situation = name
+            machine._kvspec_rule = name
         try:
             result = function(machine, **arguments)
         except BaseException as error:
-            recorder.failed(error, "rule", name, machine)
+            recorder.failed(error, kind, name, machine)
             raise
-        if recorder.counting:
+        if recorder.counting and kind == "invariant":
+            recorder.invariant_steps[name] += 1
+        elif recorder.counting:
             recorder.steps += 1
             recorder.rule_steps[name] += 1
             situation = getattr(machine, "situation", name)
@@ -111,26 +115,9 @@ def _wrap_rule(name: str, function: Callable[..., Any], recorder: Recorder) -> C
                 recorder.situation_steps[situation] += 1
         return result
 
-    rule_wrapper.__name__ = name
-    rule_wrapper.__doc__ = function.__doc__
-    return rule_wrapper
-
-
-def _wrap_invariant(name: str, function: Callable[..., Any],
-                    recorder: Recorder) -> Callable[..., Any]:
-    def invariant_wrapper(machine: Any) -> Any:
-        try:
-            result = function(machine)
-        except BaseException as error:
-            recorder.failed(error, "invariant", name, machine)
-            raise
-        if recorder.counting:
-            recorder.invariant_steps[name] += 1
-        return result
-
-    invariant_wrapper.__name__ = name
-    invariant_wrapper.__doc__ = function.__doc__
-    return invariant_wrapper
+    wrapper.__name__ = name
+    wrapper.__doc__ = function.__doc__
+    return wrapper
 
 
 def rule_and_invariant_names(machine: type[RuleBasedStateMachine]) -> tuple[list[str], list[str]]:
@@ -158,8 +145,8 @@ def instrument(machine: type[RuleBasedStateMachine], recorder: Recorder,
         namespace["step_deadline"] = step_deadline
     for name, member in inspect.getmembers(machine):
         for marker, value in _markers(member):
-            wrap = _wrap_invariant if marker == INVARIANT_MARKER else _wrap_rule
-            wrapper = wrap(name, value.function, recorder)
+            kind = "invariant" if marker == INVARIANT_MARKER else "rule"
+            wrapper = _wrap(kind, name, value.function, recorder)
             changes: dict[str, Any] = {"function": wrapper}
             if marker == RULE_MARKER and name in namespace["excluded"]:
                 # An excluded rule (a bad call already reported, or out of scope) never runs.

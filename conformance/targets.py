@@ -67,6 +67,22 @@ def plug_in_arguments(policy: Any) -> dict[str, Any]:
     return {}
 
 
+def plug_in_source(policy_path: str | None, policy: Any) -> str:
+    """The ``eviction_policy=`` argument of a written constructor call ("" without one)."""
+    if policy_path is None:
+        return ""
+    arguments = "".join(f"{k}={v!r}" for k, v in plug_in_arguments(policy).items())
+    return f", eviction_policy={policy_path.partition(':')[2]}({arguments})"
+
+
+def plug_in_imports(policy_path: str | None) -> list[str]:
+    """The import line of a plug-in class, in a written counterexample."""
+    if policy_path is None:
+        return []
+    module_name, _, name = policy_path.partition(":")
+    return [f"from {module_name} import {name}"]
+
+
 def load(path: str) -> Any:
     """The object ``module:name`` names."""
     module_name, _, name = path.partition(":")
@@ -144,12 +160,10 @@ def spec_events(events: Any) -> tuple[Event, ...]:
 def _map_entries(pool: Any) -> list[tuple[Key, tuple[int, ...]]]:
     cache_map = pool.cached_block_hash_to_block
     if hasattr(cache_map, "items"):
-        return [(k, tuple(b.block_id for b in v)) for k, v in cache_map.items()]
-    entries = []
-    for key, value in cache_map._cache.items():  # vLLM: a bare block or {id: block}
-        blocks = list(value.values()) if isinstance(value, dict) else [value]
-        entries.append((key, tuple(b.block_id for b in blocks)))
-    return entries
+        return [(k, ids(v)) for k, v in cache_map.items()]
+    # vLLM: a bare block or {id: block}
+    return [(key, ids(value.values() if isinstance(value, dict) else [value]))
+            for key, value in cache_map._cache.items()]
 
 
 def pool_view(pool: Any) -> PoolView:
@@ -161,18 +175,24 @@ def pool_view(pool: Any) -> PoolView:
     """
     blocks = list(pool.blocks)
     ref = tuple(0 if i == NULL_BLOCK else b.ref_cnt for i, b in enumerate(blocks))
-    free = tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks())
+    free = ids(pool.free_block_queue.get_all_free_blocks())
     key_of = [b.block_hash for b in blocks]
     for block_id, keys in (getattr(pool, "cached_block_hashes_by_block", None) or {}).items():
         if keys and 0 <= block_id < len(key_of):
             key_of[block_id] = sorted(keys)[0]
     cached = tuple(sorted(_map_entries(pool)))
-    pending = tuple(spec_event(e) for e in getattr(pool, "kv_event_queue", []))
+    pending = spec_events(getattr(pool, "kv_event_queue", []))
+    return PoolView(ref, free, tuple(key_of), cached, pending, *policy_state(pool))
+
+
+def policy_state(pool: Any) -> tuple[int, tuple[tuple[int, int, int | None], ...],
+                                     tuple[int, ...]]:
+    """A pool's eviction-policy state as the views show it: the clock, the retention
+    priorities, the pinned blocks (the defaults where the pool has no policy)."""
     policy = getattr(pool, "eviction_policy", None)
-    retention = () if policy is None else tuple(policy.retention())
-    pinned = () if policy is None else tuple(policy.pinned_ids())
-    return PoolView(ref, free, tuple(key_of), cached, pending, int(getattr(pool, "clock", 0)),
-                    retention, pinned)
+    if policy is None:
+        return int(getattr(pool, "clock", 0)), (), ()
+    return int(getattr(pool, "clock", 0)), tuple(policy.retention()), tuple(policy.pinned_ids())
 
 
 def _policy_call(name: str, arguments: Callable[[Any, Any], tuple[object, ...]]) -> Call:
@@ -220,9 +240,7 @@ def _new_pool_source(adapter: VllmApiPool, c: model.NewPool) -> str:
     adapter.num_blocks = c.num_blocks
     bound = ("" if c.max_pending_events is None
              else f", max_pending_kv_events={c.max_pending_events}")
-    if adapter.policy_path is not None:
-        arguments = "".join(f"{k}={v!r}" for k, v in plug_in_arguments(c.policy).items())
-        bound += f", eviction_policy={adapter.policy_path.partition(':')[2]}({arguments})"
+    bound += plug_in_source(adapter.policy_path, c.policy)
     return (f"{adapter.pool_path.partition(':')[2]}({c.num_blocks}, {c.enable_caching}, "
             f"{adapter.hash_block_size}, enable_kv_cache_events={c.enable_events}{bound})")
 
@@ -352,11 +370,7 @@ class VllmApiPool(Adapter):
 
     def imports(self) -> list[str]:
         module_name, _, class_name = self.pool_path.partition(":")
-        plug_in = []
-        if self.policy_path is not None:
-            policy_module, _, policy_class = self.policy_path.partition(":")
-            plug_in = [f"from {policy_module} import {policy_class}"]
-        return [f"from {module_name} import {class_name}", *plug_in,
+        return [f"from {module_name} import {class_name}", *plug_in_imports(self.policy_path),
                 f"from {self.block_module} import KVCacheBlock",
                 "from kvspec.spec.eviction import TokenRangeRetention",
                 "from kvspec.conformance.targets import (PoolView, ids, ids_or_none, "
