@@ -5,8 +5,8 @@ corrupts its count on a refused ``popleft_n``, or takes a negative count, passes
 pool-level check. This layer drives the queue on its own, through vLLM's API, one command at
 a time in lock step with the spec (`lockstep.Lockstep`): outputs, refusals (and the state
 left unchanged by them), the target's view and its own representation check (impl's
-``_check()``) after every step, and every named invariant of `spec.free_queue` on the
-target's state.
+``check_representation()``) after every step, and every named invariant of `spec.free_queue`
+on the target's state.
 
 Rules are what a pool does with its queue (pop blocks for a request, take a hit block out,
 put a finished request's blocks back) and one rule per kind of bad call. Blocks out of the

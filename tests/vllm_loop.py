@@ -5,25 +5,9 @@ kvspec's, step by step). The scheduler and the workloads are benchmarks/schedule
 (shared with benchmarks/bench_scheduler.py, the time of one step). It needs vLLM, and imports
 it only inside its functions, so that this module imports without it.
 
-Building the scheduler on a CPU with nothing downloaded (``build_scheduler``): a folder holding
-only a small ``config.json`` of a Llama model, read with ``skip_tokenizer_init=True``. Its
-architecture is a stand-in registered with vLLM's ``ModelRegistry`` (``STAND_IN_ARCH``): vLLM
-inspects a model's class when it builds a ``ModelConfig``, and inspecting
-``LlamaForCausalLM`` imports vLLM's model code in a subprocess, which fails in
-.venv-vllm-0.13.0 (no ``einops``) and takes seconds where it works; the scheduler never
-touches the model. The ``KVCacheConfig`` is made here: one full-attention group, or a
-full-attention and a sliding-window group (``Workload.sliding_window``).
-
-A workload (``Workload``) is a seeded stream of what happens to an engine: requests arrive
-with prompts that share popular prefixes (some repeat an earlier prompt exactly, some carry a
-LoRA adapter or a cache salt), requests are aborted (``finish_requests(...,
-FINISHED_ABORTED)``), the prefix cache is reset (``reset_prefix_cache()``, sometimes with
-``reset_running_requests=True``), and the model samples tokens: each request draws from its own
-``random.Random`` seeded by the workload seed and the request id, so a request's tokens do not
-depend on how it was scheduled; a request stops at EOS, at ``max_tokens`` or at the model
-length. Small ``num_gpu_blocks`` and ``max_num_batched_tokens`` bring preemption and chunked
-prefill. One step is what vLLM's engine core does: ``schedule()`` then
-``update_from_output()`` (skipped, as the engine skips it, while the scheduler has nothing).
+How the scheduler is built on a CPU with nothing downloaded, and what a workload is, is said
+there. One step is what vLLM's engine core does: ``schedule()`` then ``update_from_output()``
+(skipped, as the engine skips it, while the scheduler has nothing).
 
 ``run_trace`` records, per step, what the KV-cache manager decides and the scheduler passes
 on (``StepRecord``: block ids, computed and scheduled tokens, preempted and finished ids,
