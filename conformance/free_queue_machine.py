@@ -188,8 +188,6 @@ def adapter_for(target: str) -> Callable[[], QueueAdapter]:
 # --- The machine -------------------------------------------------------------------------------
 
 
-
-
 class FreeQueueMachine(ComponentMachine[QueueState]):
     """Runs a queue adapter against `spec.free_queue`; ``machine_for`` sets the adapter."""
 

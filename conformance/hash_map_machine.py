@@ -121,8 +121,6 @@ def adapter_for(target: str) -> Callable[[], MapAdapter]:
     return lambda: MapAdapter(classes)
 
 
-
-
 class HashMapMachine(ComponentMachine[MapState]):
     """Runs a map adapter against `spec.hash_map`; ``machine_for`` sets the adapter."""
 

@@ -107,7 +107,6 @@ def render_report(audit: AuditResult) -> str:
     return "\n".join(out) + "\n"
 
 
-
 def write_json(audit: AuditResult, stream: TextIO) -> None:
     json.dump(result_to_json(audit), stream, indent=2)
     stream.write("\n")
