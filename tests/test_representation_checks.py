@@ -1,10 +1,11 @@
-"""impl's ``_check()`` representation invariants: they hold through normal use, and each fails
-with a message naming the broken property on hand-corrupted state (also under ``python -O``).
+"""impl's representation invariants (``check_representation()``): they hold through normal
+use, and each fails with a message naming the broken property on hand-corrupted state (also
+under ``python -O``).
 
 `test_pool_check_holds_through_random_use` drives a BlockPool through allocation, prefix
-hits (sharing), caching in two groups, eviction, freeing and resets, checking ``_check()``
-after every call: the representation mutants of the pool (tests/mutants/
-representation_mutants.py) are caught here.
+hits (sharing), caching in two groups, eviction, freeing and resets, checking
+``check_representation()`` after every call: the representation mutants of the pool
+(tests/mutants/representation_mutants.py) are caught here.
 """
 
 from __future__ import annotations
@@ -42,26 +43,26 @@ def _queue(n: int = 4) -> tuple[list[KVCacheBlock], FreeKVCacheBlockQueue]:
 
 def test_queue_check_holds_through_normal_use() -> None:
     blocks, queue = _queue(6)
-    queue._check()
+    queue.check_representation()
     taken = queue.popleft_n(2)
-    queue._check()
+    queue.check_representation()
     queue.remove(blocks[4])
-    queue._check()
+    queue.check_representation()
     queue.append_n([*taken, blocks[4]])
-    queue._check()
+    queue.check_representation()
     queue.remove(blocks[0])  # a stale entry in the middle, then popped past
     queue.popleft_n(4)
-    queue._check()
+    queue.check_representation()
     queue.append(blocks[0])
-    queue._check()
+    queue.check_representation()
 
 
 def test_queue_check_holds_on_a_pools_fresh_run() -> None:
     pool = BlockPool(8, True, 1)
-    pool.free_block_queue._check()
+    pool.free_block_queue.check_representation()
     blocks = pool.get_new_blocks(3)
     pool.free_blocks(blocks)
-    pool.free_block_queue._check()
+    pool.free_block_queue.check_representation()
 
 
 def _queue_twice(queue: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
@@ -84,7 +85,7 @@ def test_queue_check_names_the_broken_property(
     blocks, queue = _queue()
     corrupt(queue, blocks)
     with pytest.raises(AssertionError, match=message):
-        queue._check()
+        queue.check_representation()
 
 
 # --- the hash map --------------------------------------------------------------------------------
@@ -97,18 +98,18 @@ def test_map_check_names_the_broken_property() -> None:
     cache.insert(key, blocks[1])
     cache.insert(key, blocks[2])
     cache.pop(key, 2)
-    cache._check()
+    cache.check_representation()
     cache.later[(0, HASHES[0])] = []
     with pytest.raises(AssertionError, match="empty later list"):
-        cache._check()
+        cache.check_representation()
     cache.later[(0, HASHES[1])] = [blocks[0]]
     del cache.later[(0, HASHES[0])]
     with pytest.raises(AssertionError, match="which has no first block"):
-        cache._check()
+        cache.check_representation()
     cache.later[(0, HASHES[0])] = [blocks[1]]
     del cache.later[(0, HASHES[1])]
     with pytest.raises(AssertionError, match="block 1 is cached twice"):
-        cache._check()
+        cache.check_representation()
 
 
 # --- the block pool ------------------------------------------------------------------------------
@@ -119,7 +120,7 @@ def test_pool_check_holds_through_random_use(num_blocks: int, data: st.DataObjec
     pool = BlockPool(num_blocks, True, 1)
     held: list[list[KVCacheBlock]] = []
     request = _Request()
-    pool._check()
+    pool.check_representation()
     for _ in range(data.draw(st.integers(1, 40), label="steps")):
         action = data.draw(st.sampled_from(["allocate", "hit", "cache", "free", "evict",
                                             "reset"]), label="action")
@@ -152,7 +153,7 @@ def test_pool_check_holds_through_random_use(num_blocks: int, data: st.DataObjec
                                         label="evicted"))
         elif action == "reset":
             pool.reset_prefix_cache()
-        pool._check()
+        pool.check_representation()
 
 
 def _pool_with_a_shared_keyed_block() -> tuple[BlockPool, KVCacheBlock]:
@@ -160,7 +161,7 @@ def _pool_with_a_shared_keyed_block() -> tuple[BlockPool, KVCacheBlock]:
     blocks = pool.get_new_blocks(2)
     pool.cache_full_blocks(_Request(), blocks, 0, 2, 1, 1)
     pool.touch([[blocks[0]]])
-    pool._check()
+    pool.check_representation()
     return pool, blocks[0]
 
 
@@ -178,7 +179,7 @@ def test_pool_check_names_the_broken_property(
     pool, block = _pool_with_a_shared_keyed_block()
     corrupt(pool, block)
     with pytest.raises(AssertionError, match=message):
-        pool._check()
+        pool.check_representation()
 
 
 def test_checks_work_under_optimize_flag() -> None:
@@ -187,7 +188,7 @@ def test_checks_work_under_optimize_flag() -> None:
         "from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock\n"
         "q = FreeKVCacheBlockQueue([KVCacheBlock(i) for i in range(3)])\n"
         "q.num_free_blocks = 7\n"
-        "try:\n    q._check()\nexcept AssertionError as e:\n    print('caught', e)\n")
+        "try:\n    q.check_representation()\nexcept AssertionError as e:\n    print('caught', e)\n")
     out = subprocess.run([sys.executable, "-O", "-c", program], capture_output=True, text=True,
                          check=True).stdout
     assert out.startswith("caught free queue: num_free_blocks 7")
