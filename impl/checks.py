@@ -12,10 +12,9 @@ bare ``TypeError`` for an ``int`` one), so the method's own check runs in both b
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
-
-import numpy as np
 
 from kvspec.impl.errors import InvalidKVCacheConfig, InvalidManagerArgument
 
@@ -24,7 +23,14 @@ def as_int(value: object) -> int | None:
     """``value`` as an int when it is an integer (a Python or numpy one, never a bool)."""
     if type(value) is int:
         return value
-    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return int(value)
+    # A NumPy integer exists only once NumPy is imported: looked up, not imported, so that
+    # the pool's start-up does not pay for NumPy (impl's block tables import it themselves).
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.integer):
         return int(value)
     return None
 
