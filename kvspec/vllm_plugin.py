@@ -1,9 +1,16 @@
 """kvspec inside vLLM: kvspec's KV-cache modules in place of vLLM's, switched on by one variable.
 
-Set-up, in an environment where vLLM 0.13 runs::
+Set-up, in an environment where vLLM runs (no extra: installing kvspec changes no vLLM, torch
+or numpy; the release is checked here, when vLLM starts)::
 
-    pip install 'kvspec[vllm]'
+    pip install kvspec
     export VLLM_USE_KVSPEC=1
+
+Each vLLM process that runs kvspec says so in one INFO line of vLLM's log (kvspec's version,
+compiled or pure-Python build, profile, vLLM's version). A switch value that is not one of
+1/0, true/false, yes/no, on/off (any case) or empty, and a vLLM release kvspec cannot serve,
+stop vLLM at start-up with one ERROR line and exit status 1, before any engine starts (vLLM
+runs general plugins while it reads its arguments; docs/plugin.md).
 
 vLLM runs every *general plugin* (entry-point group ``vllm.general_plugins``) once in each of
 its processes at start-up; kvspec's is ``register`` below. Without ``VLLM_USE_KVSPEC=1`` it does
@@ -44,18 +51,22 @@ import logging
 import os
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "ENV_SWITCH",
+    "POOL_LEVEL_MODULES",
     "REPLACED_MODULES",
     "SUPPORTED_VLLM",
     "TAGGED_KEYS_SWITCH",
+    "InvalidSwitchValue",
     "UnsupportedVllmVersion",
+    "VllmSeries",
     "enabled",
     "install",
     "installed",
     "register",
+    "switch",
     "tagged_keys_requested",
 ]
 
@@ -74,29 +85,73 @@ REPLACED_MODULES: dict[str, str] = {
     "vllm.v1.worker.block_table": "kvspec.impl.block_table",
 }
 
-# vLLM release series (major.minor) -> the spec profile kvspec's implementation follows there.
-SUPPORTED_VLLM: dict[str, str] = {"0.13": "vllm-0.13"}
+# vLLM 0.33: kvspec serves the pool-level module only. 0.33's managers, coordinators and
+# KVCacheManager stay vLLM's and run over kvspec's pool: kvspec has no 0.33 manager layer, and
+# 0.33's kv_cache_utils holds 0.33 hashing and planning functions (resolve_block_hashes,
+# lookahead keys, ...) that kvspec.impl.kv_cache_utils does not serve (docs/plugin.md).
+POOL_LEVEL_MODULES: dict[str, str] = {
+    "vllm.v1.core.block_pool": "kvspec.impl.block_pool",
+}
+
+
+class VllmSeries(NamedTuple):
+    """What kvspec does inside one vLLM release series."""
+
+    profile: str
+    """The spec profile kvspec's implementation follows there."""
+    replaced: dict[str, str]
+    """vLLM's module -> kvspec's module that takes its place."""
+    pool_api: str
+    """The BlockPool API (``kvspec.impl.block_pool.POOL_APIS``) kvspec's pools serve."""
+    tagged_keys: bool
+    """Whether the release's extra keys are tagged (0.33) rather than bare (0.13)."""
+
+
+# vLLM release series (major.minor) -> what kvspec does there: the one table of releases.
+SUPPORTED_VLLM: dict[str, VllmSeries] = {
+    "0.13": VllmSeries("vllm-0.13", REPLACED_MODULES, "0.13", tagged_keys=False),
+    "0.33": VllmSeries("vllm-0.33", POOL_LEVEL_MODULES, "0.33", tagged_keys=True),
+}
 
 
 class UnsupportedVllmVersion(ValueError):
     """The vLLM in this process is a release kvspec has no profile for, or there is none."""
 
 
+class InvalidSwitchValue(ValueError):
+    """A switch variable holds a value that is neither on nor off."""
+
+
 _installed: dict[str, Any] = {}
 
+# The values a switch understands, compared without case or surrounding blanks; unset is off.
+SWITCH_ON = frozenset({"1", "true", "yes", "on"})
+SWITCH_OFF = frozenset({"", "0", "false", "no", "off"})
 
-def _switched_on(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+def switch(name: str) -> bool:
+    """Whether the switch variable ``name`` is on; ``InvalidSwitchValue`` for a value that is
+    neither (``=2`` or a typo must not silently mean off)."""
+    value = os.environ.get(name)
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in SWITCH_ON:
+        return True
+    if word in SWITCH_OFF:
+        return False
+    raise InvalidSwitchValue(
+        f"{name}={value!r} is not understood: use 1/0, true/false, yes/no or on/off")
 
 
 def enabled() -> bool:
-    """Whether ``VLLM_USE_KVSPEC`` asks for kvspec (1, true, yes or on)."""
-    return _switched_on(ENV_SWITCH)
+    """Whether ``VLLM_USE_KVSPEC`` asks for kvspec (``switch``)."""
+    return switch(ENV_SWITCH)
 
 
 def tagged_keys_requested() -> bool:
-    """Whether ``VLLM_KVSPEC_TAGGED_EXTRA_KEYS`` asks for tagged extra keys (1, true, yes, on)."""
-    return _switched_on(TAGGED_KEYS_SWITCH)
+    """Whether ``VLLM_KVSPEC_TAGGED_EXTRA_KEYS`` asks for tagged extra keys (``switch``)."""
+    return switch(TAGGED_KEYS_SWITCH)
 
 
 def installed() -> bool:
@@ -104,10 +159,27 @@ def installed() -> bool:
     return bool(_installed)
 
 
+# kvspec's lines in vLLM's log: a child of vLLM's own logger, which vLLM configures.
+_VLLM_LOG = logging.getLogger("vllm.kvspec")
+
+
 def register() -> None:
-    """vLLM's general-plugin hook: install kvspec when ``VLLM_USE_KVSPEC=1``, else nothing."""
-    if enabled():
+    """vLLM's general-plugin hook: install kvspec when ``VLLM_USE_KVSPEC`` is on, else nothing.
+
+    A refusal (a switch value not understood, a vLLM release kvspec cannot serve) is one ERROR
+    line in vLLM's log and ``SystemExit(1)``: vLLM calls this hook unguarded
+    (``vllm.plugins.load_general_plugins``), first while it reads its arguments, so the process
+    stops there, before any engine or worker starts, without a traceback. Running vLLM's own
+    manager instead would hide that the kvspec asked for is not what runs.
+    """
+    try:
+        if not enabled():
+            return
+        tagged_keys_requested()  # checked before anything changes
         install()
+    except (InvalidSwitchValue, UnsupportedVllmVersion) as refused:
+        _VLLM_LOG.error("kvspec: %s", refused)
+        raise SystemExit(1) from None
 
 
 def _vllm_version() -> str:
@@ -142,23 +214,25 @@ def install() -> dict[str, Any]:
     if _installed:
         return _installed
     version = _vllm_version()
-    profile = SUPPORTED_VLLM.get(_series(version))
-    if profile is None:
+    series = SUPPORTED_VLLM.get(_series(version))
+    if series is None:
         raise UnsupportedVllmVersion(
             f"kvspec's vLLM plugin supports vLLM {_supported()}; this is vLLM {version} "
             f"(unset {ENV_SWITCH} to run vLLM's own KV-cache manager)"
         )
 
-    from kvspec.impl import hashing, host_types
+    from kvspec.impl import block_pool, hashing, host_types
 
     # vLLM 0.13's public functions return untagged keys, and its callers, tests and KV-cache
-    # stores expect their bytes; tagged keys only when asked for.
-    key_format = (hashing.ExtraKeyFormat.TAGGED if tagged_keys_requested()
+    # stores expect their bytes; tagged keys only when asked for. 0.33's are tagged.
+    key_format = (hashing.ExtraKeyFormat.TAGGED if series.tagged_keys or tagged_keys_requested()
                   else hashing.ExtraKeyFormat.UNTAGGED)
     hashing.set_extra_key_format(key_format)
+    block_pool.set_default_pool_api(series.pool_api)
     host_types.bind_vllm()
-    originals = {name: sys.modules.get(name) for name in REPLACED_MODULES}
-    replacements = {name: importlib.import_module(ours) for name, ours in REPLACED_MODULES.items()}
+    replaced = series.replaced
+    originals = {name: sys.modules.get(name) for name in replaced}
+    replacements = {name: importlib.import_module(ours) for name, ours in replaced.items()}
     for name, module in replacements.items():
         sys.modules[name] = module
         parent_name, _, child = name.rpartition(".")
@@ -167,9 +241,25 @@ def install() -> dict[str, Any]:
             setattr(parent, child, module)
     rebound = _rebind_imported_names(originals, replacements)
     _log_through_vllm()
-    _installed.update(vllm=version, profile=profile, rebound=rebound,
-                      modules=dict(REPLACED_MODULES), extra_keys=key_format.value)
+    _record_profile(version, series.profile, key_format.value, len(replaced))
+    _installed.update(vllm=version, profile=series.profile, rebound=rebound,
+                      modules=dict(replaced), extra_keys=key_format.value)
     return _installed
+
+
+def _record_profile(version: str, profile: str, extra_keys: str, replaced: int) -> None:
+    """impl's host profile is the one installed (``kvspec.impl.host_profile``), and vLLM's log
+    says, once per process, that kvspec runs and as what."""
+    import kvspec
+    from kvspec import impl
+    from kvspec.impl import host_profile
+
+    host_profile.choose(host_profile.HostProfile(
+        vllm=version, profile=profile, extra_keys=extra_keys, vllm_classes=True))
+    _VLLM_LOG.info(
+        "kvspec %s (%s build) runs vLLM %s's KV-cache modules (%d replaced): profile %s, %s "
+        "extra keys", kvspec.__version__, "compiled" if impl.COMPILED else "pure-Python",
+        version, replaced, profile, extra_keys)
 
 
 def _log_through_vllm() -> None:
@@ -221,7 +311,12 @@ def _rebind_imported_names(
 
 
 def pytest_configure(config: Any) -> None:
-    install()
+    import pytest
+
+    try:
+        install()
+    except UnsupportedVllmVersion as refused:  # one line, not an internal-error traceback
+        raise pytest.UsageError(f"kvspec: {refused}") from None
 
 
 def pytest_report_header(config: Any) -> str:

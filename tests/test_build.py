@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
@@ -49,3 +50,48 @@ def test_typed_errors_in_either_build() -> None:
         pool.get_cached_block("abc", [0])  # type: ignore[arg-type]
     with pytest.raises(block_pool.InvalidBlockCountError, match="'4'"):
         block_pool.BlockPool("4", True, 16)  # type: ignore[arg-type]
+
+
+# Runs one PEP 517 hook of setuptools' backend as pip does (a process of its own), with mypyc's
+# mypycify replaced by a counter: prints how many times the build would have run mypyc.
+HOOK = """
+import sys
+import mypyc.build
+calls = []
+mypyc.build.mypycify = lambda *args, **kwargs: calls.append(1) or []
+from setuptools import build_meta
+hook, out = sys.argv[1], sys.argv[2]
+getattr(build_meta, hook)(*([] if hook.startswith("get_requires") else [out]))
+print("mypycify", len(calls))
+"""
+
+
+@pytest.mark.parametrize(("hooks", "runs"), [
+    (("get_requires_for_build_wheel", "prepare_metadata_for_build_wheel", "build_wheel"), 1),
+    (("get_requires_for_build_editable", "prepare_metadata_for_build_editable",
+      "build_editable"), 1),
+    (("get_requires_for_build_sdist", "build_sdist"), 0),
+])
+def test_pip_install_runs_mypyc_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     hooks: tuple[str, ...], runs: int) -> None:
+    """pip calls the backend once per phase, each in a new process; only the phase that builds
+    makes the extensions (setup.py: mypyc in each phase tripled the time of `pip install`)."""
+    pytest.importorskip("setuptools")
+    env = {k: v for k, v in os.environ.items() if k != "KVSPEC_PURE_PYTHON"}
+    spec = importlib.util.spec_from_file_location("kvspec_compile", ROOT / "scripts/compile.py")
+    assert spec is not None and spec.loader is not None
+    compile_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compile_script)
+    monkeypatch.delenv("KVSPEC_PURE_PYTHON", raising=False)
+    reason = compile_script.why_not_compiled()
+    if reason is not None:
+        pytest.skip(f"this Python cannot compile kvspec: {reason}")
+    counts = []
+    for hook in hooks:
+        out = tmp_path / hook
+        out.mkdir()
+        result = subprocess.run([sys.executable, "-c", HOOK, hook, str(out)], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, result.stderr[-3000:]
+        counts.append(int(result.stdout.split("mypycify")[-1]))
+    assert sum(counts) == runs and counts[-1] == runs, dict(zip(hooks, counts, strict=True))

@@ -276,7 +276,8 @@ def test_plugin_keeps_untagged_keys_unless_asked(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(vllm_plugin, "_installed", {})
     from kvspec.impl import host_types
     monkeypatch.setattr(host_types, "bind_vllm", lambda: None)
-    monkeypatch.setattr(vllm_plugin, "REPLACED_MODULES", {})
+    monkeypatch.setitem(vllm_plugin.SUPPORTED_VLLM, "0.13",
+                        vllm_plugin.SUPPORTED_VLLM["0.13"]._replace(replaced={}))
     monkeypatch.setattr(vllm_plugin, "_log_through_vllm", lambda: None)
     for value, expected in ((None, ExtraKeyFormat.UNTAGGED), ("0", ExtraKeyFormat.UNTAGGED),
                             ("1", ExtraKeyFormat.TAGGED), ("yes", ExtraKeyFormat.TAGGED)):
@@ -294,7 +295,7 @@ def test_plugin_keeps_untagged_keys_unless_asked(monkeypatch: pytest.MonkeyPatch
 
 
 def test_plugin_refusal_leaves_the_key_format(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_plugin, "_vllm_version", lambda: "0.33.0")
+    monkeypatch.setattr(vllm_plugin, "_vllm_version", lambda: "0.99.0")
     monkeypatch.setattr(vllm_plugin, "_installed", {})
     before = hashing.EXTRA_KEY_FORMAT
     with pytest.raises(vllm_plugin.UnsupportedVllmVersion):

@@ -62,3 +62,31 @@ def test_no_module_imports_a_bare_top_level_folder() -> None:
                  for path in (ROOT / folder).glob("**/*.py")
                  if bare.search(path.read_text(encoding="utf-8"))]
     assert offenders == []
+
+
+def test_no_extra_names_vllm(wheel: zipfile.ZipFile) -> None:
+    """An extra naming vLLM makes pip re-resolve vLLM's own pins (a CUDA torch in place of the
+    CPU one; vLLM 0.33 downgraded to 0.13): kvspec has none, and requires neither vLLM nor a
+    version of torch or numpy that a vLLM environment lacks."""
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    requires = [line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()
+                if line.startswith("Requires-Dist:")]
+    extras = [line.split(":", 1)[1].strip() for line in wheel.read(metadata).decode().splitlines()
+              if line.startswith("Provides-Extra:")]
+    assert "vllm" not in extras and not [r for r in requires if r.lower().startswith("vllm")]
+
+
+VLLM_ENVS = sorted(ROOT.glob(".venv-vllm-*/bin/python"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_ENVS, reason="no .venv-vllm-* (make vllm-env VLLM=...)")
+def test_install_into_vllm_environments_changes_nothing(wheel: zipfile.ZipFile) -> None:
+    """scripts/check_install.py: pip's own dry run of installing the clone and the wheel into
+    each vLLM environment upgrades, downgrades or reinstalls none of its packages."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_install.py"),
+                             "--wheel", str(wheel.filename)],
+                            capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 * len(VLLM_ENVS) and all("changes nothing" in x for x in lines), lines

@@ -9,15 +9,20 @@ kvspec in place of its KV-cache modules.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from kvspec import vllm_plugin
+from kvspec.impl import block_pool, hashing, host_profile, host_types, kv_events
+from kvspec.spec import hashing as spec_hashing
+from kvspec.spec.pool import Profile
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm-0.13.0" / "bin" / "python"
@@ -32,19 +37,69 @@ def test_register_does_nothing_unless_switched_on(monkeypatch: pytest.MonkeyPatc
     assert sys.modules.keys() == before.keys()
 
 
-@pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
+@pytest.mark.parametrize("value", ["1", "true", "YES", "on", " On "])
 def test_switch_values(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(vllm_plugin.ENV_SWITCH, value)
     assert vllm_plugin.enabled()
 
 
+@pytest.mark.parametrize("value", ["0", "false", "No", "OFF", "", "  "])
+def test_switch_off_values(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(vllm_plugin.TAGGED_KEYS_SWITCH, value)
+    assert not vllm_plugin.tagged_keys_requested()
+
+
+@pytest.mark.parametrize("value", ["2", "garbage", "enabled", "1 1", "-1"])
+def test_switch_value_not_understood(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """A value that is neither on nor off is an error naming the variable and the value, not
+    a silent off."""
+    for name, read in ((vllm_plugin.ENV_SWITCH, vllm_plugin.enabled),
+                       (vllm_plugin.TAGGED_KEYS_SWITCH, vllm_plugin.tagged_keys_requested)):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(vllm_plugin.InvalidSwitchValue) as refused:
+            read()
+        message = str(refused.value)
+        assert "\n" not in message and name in message and repr(value) in message
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize(("variable", "value", "version"), [
+    (vllm_plugin.ENV_SWITCH, "2", "0.13.0"),
+    (vllm_plugin.TAGGED_KEYS_SWITCH, "maybe", "0.13.0"),
+    (None, None, "0.99.0"),
+])
+def test_register_refuses_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                      caplog: pytest.LogCaptureFixture, variable: str | None,
+                                      value: str | None, version: str) -> None:
+    """vLLM calls register() unguarded: a refusal is one ERROR line and exit status 1 (no
+    traceback), and nothing is installed."""
+    monkeypatch.setenv(vllm_plugin.ENV_SWITCH, "1")
+    monkeypatch.delenv(vllm_plugin.TAGGED_KEYS_SWITCH, raising=False)
+    if variable is not None:
+        monkeypatch.setenv(variable, value or "")
+    monkeypatch.setattr(vllm_plugin, "_vllm_version", lambda: version)
+    before = dict(sys.modules)
+    with caplog.at_level(logging.INFO, logger="vllm.kvspec"), \
+            pytest.raises(SystemExit) as stopped:
+        vllm_plugin.register()
+    assert stopped.value.code == 1
+    (record,) = [r for r in caplog.records if r.name == "vllm.kvspec"]
+    line = record.getMessage()
+    assert record.levelno == logging.ERROR and "\n" not in line
+    if variable is None:
+        assert version in line
+    else:
+        assert variable in line and repr(value) in line
+    assert not vllm_plugin.installed() and sys.modules.keys() == before.keys()
+
+
 def test_unsupported_release_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vllm_plugin, "_vllm_version", lambda: "0.33.0")
+    monkeypatch.setattr(vllm_plugin, "_vllm_version", lambda: "0.99.0")
     before = dict(sys.modules)
     with pytest.raises(vllm_plugin.UnsupportedVllmVersion) as refused:
         vllm_plugin.install()
     message = str(refused.value)
-    assert "\n" not in message and "0.13.x" in message and "0.33.0" in message
+    assert "\n" not in message and "0.13.x" in message and "0.99.0" in message
     assert not vllm_plugin.installed() and sys.modules.keys() == before.keys()
 
 
@@ -123,3 +178,166 @@ print("ok")
     result = subprocess.run([str(VLLM_PYTHON), "-c", script], env=env, capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+# -- the host profile: impl behaves as the vLLM of its Python, with or without install() ---
+
+
+@pytest.fixture
+def fresh_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """impl's host choices undone: no profile chosen, no key format chosen, host_types unbound;
+    all put back afterwards."""
+    monkeypatch.setattr(host_profile, "_chosen", None)
+    monkeypatch.setattr(hashing, "_FORMAT_CHOSEN", False)
+    monkeypatch.setattr(hashing, "EXTRA_KEY_FORMAT", hashing.ExtraKeyFormat.TAGGED)
+    names = ["_bound_to", *sorted(host_types._HOST_NAMES)]
+    saved = {name: vars(host_types)[name] for name in names if name in vars(host_types)}
+    for name in names[1:]:
+        vars(host_types).pop(name, None)
+    host_types._bound_to = None
+    yield
+    for name in names:
+        vars(host_types).pop(name, None)
+    vars(host_types).update(saved)
+
+
+def _fake_vllm(monkeypatch: pytest.MonkeyPatch, version: str) -> dict[str, type]:
+    """A stand-in vLLM of ``version`` in sys.modules, with the classes impl binds."""
+    classes = {name: type(name, (), {}) for name in host_types._VLLM_CLASSES}
+    modules: dict[str, dict[str, object]] = {"vllm": {"__version__": version},
+                                             "vllm.distributed": {},
+               "vllm.distributed.kv_events": {}, "vllm.v1": {}, "vllm.v1.metrics": {},
+               "vllm.v1.metrics.stats": {}}
+    for name, (module, attr) in host_types._VLLM_CLASSES.items():
+        modules[module][attr] = classes[name]
+    for name, attrs in modules.items():
+        monkeypatch.setitem(sys.modules, name, _module(name, **attrs))
+    return classes
+
+
+@pytest.mark.parametrize(("version", "profile", "key_format", "vllm_classes"), [
+    ("0.13.0", "vllm-0.13", "untagged", True),
+    ("0.13.2.dev7+gabc", "vllm-0.13", "untagged", True),
+    ("0.33.0", "vllm-0.33", "tagged", True),
+    ("0.20.1", "kvspec", "tagged", False),
+    (None, "kvspec", "tagged", False),
+])
+def test_profile_follows_the_vllm_of_this_python(
+        monkeypatch: pytest.MonkeyPatch, fresh_host: None, version: str | None, profile: str,
+        key_format: str, vllm_classes: bool) -> None:
+    """Without install(): the key format and the classes impl builds are chosen at first use
+    from the vLLM in this process (impl/host_profile.py's table)."""
+    classes: dict[str, type] = {}
+    if version is not None:
+        classes = _fake_vllm(monkeypatch, version)
+    else:
+        monkeypatch.delitem(sys.modules, "vllm", raising=False)
+        monkeypatch.setattr(host_profile, "host_vllm_version", lambda: None)
+    assert host_profile.current() == host_profile.HostProfile(
+        version, profile, key_format, vllm_classes)
+    assert hashing.extra_key_format() is hashing.ExtraKeyFormat(key_format)
+    assert host_types.BlockStored is (classes["BlockStored"] if vllm_classes
+                                      else kv_events.BlockStored)
+    assert host_types.bound_to() == ("vllm" if vllm_classes else "kvspec")
+
+
+def test_hasher_made_inside_vllm_0_13_writes_untagged_keys(
+        monkeypatch: pytest.MonkeyPatch, fresh_host: None) -> None:
+    """The request block hasher takes the host's format when it is made, before any request."""
+    _fake_vllm(monkeypatch, "0.13.0")
+    from kvspec.impl.request import Request
+
+    hasher = hashing.get_request_block_hasher(2, hashing.sha256)
+    assert hashing.EXTRA_KEY_FORMAT is hashing.ExtraKeyFormat.UNTAGGED
+    request = Request("r", [1, 2], cache_salt="salt", block_hasher=hasher)
+    assert request.block_hashes == [hashing.hash_block_tokens(
+        hashing.sha256, None, [1, 2], ("salt",))]
+
+
+def test_explicit_format_overrides_the_host(monkeypatch: pytest.MonkeyPatch,
+                                            fresh_host: None) -> None:
+    _fake_vllm(monkeypatch, "0.13.0")
+    assert hashing.set_extra_key_format("tagged") is hashing.ExtraKeyFormat.UNTAGGED
+    assert hashing.extra_key_format() is hashing.ExtraKeyFormat.TAGGED
+
+
+def test_profile_tables_agree() -> None:
+    """impl's table of vLLM releases says what the plugin's and the spec's say of each."""
+    for series, served in vllm_plugin.SUPPORTED_VLLM.items():
+        chosen = host_profile.profile_for(f"{series}.0")
+        assert chosen.profile == served.profile
+        assert chosen.extra_keys == ("tagged" if served.tagged_keys else "untagged")
+    for series, (profile, extra_keys) in host_profile.VLLM_PROFILES.items():
+        spec_profile = Profile(profile)
+        assert spec_hashing.key_format(spec_profile).value == extra_keys, series
+
+
+def test_install_records_the_profile_and_says_so_once(
+        monkeypatch: pytest.MonkeyPatch, fresh_host: None,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """install() forces the same profile the host rule picks, and vLLM's log gets one INFO line
+    naming kvspec's version and build, the profile and vLLM's version."""
+    monkeypatch.setattr(vllm_plugin, "_vllm_version", lambda: "0.13.0")
+    monkeypatch.setattr(vllm_plugin, "_installed", {})
+    monkeypatch.setitem(vllm_plugin.SUPPORTED_VLLM, "0.13",
+                        vllm_plugin.SUPPORTED_VLLM["0.13"]._replace(replaced={}))
+    monkeypatch.setattr(host_types, "bind_vllm", lambda: None)
+    monkeypatch.setattr(block_pool, "set_default_pool_api", lambda api: None)
+    monkeypatch.setattr(vllm_plugin, "_log_through_vllm", lambda: None)
+    monkeypatch.delenv(vllm_plugin.TAGGED_KEYS_SWITCH, raising=False)
+    with caplog.at_level(logging.INFO, logger="vllm.kvspec"):
+        vllm_plugin.install()
+        vllm_plugin.install()
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.kvspec"]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    from kvspec import __version__, impl
+    for part in (__version__, "compiled" if impl.COMPILED else "pure-Python", "vllm-0.13",
+                 "0.13.0"):
+        assert part in lines[0], (part, lines[0])
+    assert host_profile.current().profile == "vllm-0.13"
+    assert hashing.EXTRA_KEY_FORMAT is hashing.ExtraKeyFormat.UNTAGGED
+
+
+# What plain import aliasing gets inside real vLLM 0.13, without install(): vLLM's hash bytes
+# for a request with a LoRA adapter and a cache salt, and vLLM's BlockStored.
+ALIASING_SCRIPT = """
+import vllm.v1.core.kv_cache_utils as theirs
+from vllm.distributed.kv_events import BlockStored
+from vllm.lora.request import LoRARequest
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.request import Request
+
+from kvspec import vllm_plugin
+from kvspec.impl import block_pool, hashing, host_profile, kv_cache_utils as ours
+
+fn = get_hash_fn_by_name("sha256")
+theirs.init_none_hash(fn)
+ours.init_none_hash(hashing.sha256)
+
+
+def request(hasher):
+    return Request("r", list(range(12)), SamplingParams(max_tokens=4), None, None,
+                   lora_request=LoRARequest("adapter", 1, "/p"), cache_salt="salt",
+                   block_hasher=hasher)
+
+
+theirs_request = request(theirs.get_request_block_hasher(4, fn))
+ours_request = request(ours.get_request_block_hasher(4, hashing.sha256))
+assert ours_request.block_hashes == theirs_request.block_hashes, "hash bytes differ"
+pool = block_pool.BlockPool(8, True, 4, enable_kv_cache_events=True)
+pool.cache_full_blocks(ours_request, pool.get_new_blocks(3), 0, 3, 4, 0)
+events = pool.take_events()
+assert events and all(type(e) is BlockStored for e in events), [type(e) for e in events]
+assert not vllm_plugin.installed()
+print("ok", host_profile.current().profile)
+"""
+
+
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no .venv-vllm-0.13.0 (make vllm-env)")
+def test_impl_without_install_is_vllm_0_13_inside_it() -> None:
+    env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV_SWITCH}
+    env.update(PYTHONHASHSEED="0", HF_HUB_OFFLINE="1")
+    result = subprocess.run([str(VLLM_PYTHON), "-c", ALIASING_SCRIPT], env=env, cwd="/",
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0 and "ok vllm-0.13" in result.stdout, result.stderr[-3000:]
