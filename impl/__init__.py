@@ -19,11 +19,12 @@ import warnings
 from pathlib import Path
 
 COMPILED_MODULES = (
-    "kv_cache_utils",
+    "kv_cache_blocks",  # not kv_cache_utils, which re-exports it: vLLM's tests reload that
     "block_pool",
     "single_type_kv_cache_manager",
     "kv_cache_coordinator",
     "kv_cache_manager",
+    "request_hasher",  # the block hasher's no-new-block calls (impl/hashing.py)
 )
 
 _HERE = Path(__file__).resolve().parent

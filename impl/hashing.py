@@ -7,7 +7,7 @@ cache salt (first block only) and the block's prompt embeddings, in that order.
 
 How each extra key is written is one setting, ``EXTRA_KEY_FORMAT`` (``set_extra_key_format``):
 
-* ``ExtraKeyFormat.TAGGED``, the default: each key is a tuple led by its kind, as vLLM 0.33
+* ``ExtraKeyFormat.TAGGED``, kvspec's own default: each key is a tuple led by its kind, as vLLM 0.33
   writes them: ``("lora", lora_name, lora_path)``, ``("mm", identifier, offset - block
   start)``, ``("cache_salt", salt)``, ``("prompt_embeds", sha256 digest of the block's
   embedding bytes)``. No key of one kind can equal a key of another, so requests that differ
@@ -15,7 +15,8 @@ How each extra key is written is one setting, ``EXTRA_KEY_FORMAT`` (``set_extra_
 * ``ExtraKeyFormat.UNTAGGED``: vLLM 0.13's bare values (the LoRA name, the identifier, the
   salt, the raw embedding bytes). Hashes are then byte for byte vLLM 0.13's for the same seed,
   including its collision: a cache salt equal to a LoRA name gives that adapter's first block
-  (docs/findings.md, B10). The vllm-0.13 profile and kvspec's vLLM 0.13 plugin select it.
+  (docs/findings.md, B10). The vllm-0.13 profile and kvspec's vLLM 0.13 plugin select it,
+  and so does impl in any process that has vLLM 0.13 imported (``impl/host_profile.py``).
 
 Set the format once, before hashing: a cache keyed in one format never hits in the other. Only
 requests with extra keys are affected; the multimodal walk is vLLM 0.13's in both formats.
@@ -59,6 +60,7 @@ from kvspec.impl.errors import (
     UnhashableValueError,
     UnknownHashFunctionError,
 )
+from kvspec.impl.request_hasher import early_exit
 
 
 def _optional_module(name: str) -> Any:
@@ -74,6 +76,7 @@ _xxhash: Any = _optional_module("xxhash")
 
 __all__ = [
     "CACHE_SALT_TAG",
+    "DEFAULT_NONE_HASH_SEED",
     "EXTRA_KEY_FORMAT",
     "LORA_TAG",
     "MM_TAG",
@@ -83,6 +86,7 @@ __all__ = [
     "BlockHash",
     "BlockHashList",
     "BlockHashListWithBlockSize",
+    "BlockHashListWithBlockSizeV033",
     "BlockHashWithGroupId",
     "ExternalBlockHash",
     "ExtraKeyFormat",
@@ -107,16 +111,20 @@ __all__ = [
     "check_lora",
     "check_mm_features",
     "check_prompt_embeds",
+    "extra_key_format",
     "generate_block_hash_extra_keys",
     "get_block_hash",
     "get_group_id",
     "get_hash_fn_by_name",
+    "get_none_hash_seed",
     "get_request_block_hasher",
     "hash_block_tokens",
     "init_none_hash",
+    "lookahead_request_block_hasher",
     "make_block_hash_with_group_id",
     "maybe_convert_block_hash",
     "need_extra_keys",
+    "resolve_none_hash_seed",
     "set_extra_key_format",
     "sha256",
     "sha256_cbor",
@@ -338,24 +346,103 @@ def _digest(hash_function: HashFunction, payload: Any) -> bytes:
     return digest
 
 
+# A fixed payload to confirm a hash function is sha256 of the pickle (_is_pickle_sha256).
+_PROBE = (b"kvspec", (0, 1, 2**40), None)
+
+
+def _is_pickle_sha256(hash_function: object) -> bool:
+    """Whether ``hash_function`` is ``sha256`` above, or vLLM's own ``sha256``
+    (``vllm.utils.hashing.sha256``, the function vLLM's engine hands the block hasher by
+    default; the same in 0.13 and 0.33): SHA-256 of the value pickled with the highest
+    protocol, bytes for bytes. The request block hasher then computes it inline, without the
+    two calls per block (``_digest`` and the function) and the result check; every other
+    function is called as it is. vLLM's is recognised by identity with the attribute of its
+    module, its own module name and no ``__wrapped__`` (a test's replacement or wrapper is
+    none of these), and by its result on ``_PROBE``, checked once here."""
+    if hash_function is sha256:
+        return True
+    module = sys.modules.get("vllm.utils.hashing")
+    if (module is None or hash_function is not getattr(module, "sha256", None)
+            or getattr(hash_function, "__module__", None) != "vllm.utils.hashing"
+            or hasattr(hash_function, "__wrapped__")):
+        return False
+    try:
+        digest = cast(HashFunction, hash_function)(_PROBE)
+    except Exception:  # not the function it looks like: call it as it is
+        return False
+    return digest == hashlib.sha256(pickle.dumps(_PROBE, _PICKLE_PROTOCOL)).digest()
+
+
 # --------------------------------------------------------------------------- chaining
 
 NONE_HASH: BlockHash
 
+# vLLM 0.33's root seed when PYTHONHASHSEED is unset and the algorithm is collision resistant:
+# NONE_HASH = hash_fn("vllm-none-hash"), the same in every process (spec.hashing.none_hash_seed).
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+# The functions whose seed stays random under vLLM 0.33: impl's and vLLM's xxhash variants
+# (vLLM compares with its own two functions; impl's carry the same names).
+_NON_CRYPTO_HASH_NAMES = ("xxhash", "xxhash_cbor")
+# The seed NONE_HASH was derived from; None when it is random bytes (vLLM 0.13's rule).
+_NONE_HASH_SEED: str | None = None
 
-def init_none_hash(hash_fn: HashFunction) -> None:
-    """Seed every chain: random bytes if PYTHONHASHSEED is unset, else ``hash_fn(seed)``."""
-    global NONE_HASH
+
+def _fixed_seed_rule() -> bool:
+    """Whether init_none_hash follows vLLM 0.33's seeding: inside a vLLM 0.33 process
+    (``host_profile``, asked at the first init_none_hash call, never at import)."""
+    from kvspec.impl import host_profile
+
+    return host_profile.current().profile == "vllm-0.33"
+
+
+def resolve_none_hash_seed(hash_fn: HashFunction) -> str | None:
+    """The seed NONE_HASH is derived from (``hash_fn(seed)``), or None for random bytes.
+
+    PYTHONHASHSEED wins if set. Otherwise, under vLLM 0.33 (``host_profile``): a fresh random
+    seed for xxhash and xxhash_cbor (a predictable seed would let an attacker precompute
+    collisions), else the fixed ``DEFAULT_NONE_HASH_SEED`` (sha256, sha256_cbor), so
+    processes share a prefix cache; under vLLM 0.13 and kvspec on its own: None (the root is
+    32 random bytes).
+    """
     _check_hash_function(hash_fn)
     seed = os.environ.get("PYTHONHASHSEED")
-    none_hash = BlockHash(os.urandom(32) if seed is None else _digest(hash_fn, seed))
-    NONE_HASH = none_hash
+    if seed is not None:
+        return seed
+    if not _fixed_seed_rule():
+        return None
+    if getattr(hash_fn, "__name__", None) in _NON_CRYPTO_HASH_NAMES:
+        return os.urandom(32).hex()
+    return DEFAULT_NONE_HASH_SEED  # sha256, sha256_cbor and any other function, as in vLLM
+
+
+def get_none_hash_seed() -> str | None:
+    """The seed NONE_HASH was derived from (vLLM 0.33's, which falls back to
+    ``DEFAULT_NONE_HASH_SEED`` before any init_none_hash); None when the root is random bytes
+    with no seed (vLLM 0.13's rule)."""
+    return _NONE_HASH_SEED
+
+
+def _set_none_hash(none_hash: bytes, seed: str | None) -> None:
+    global NONE_HASH, _NONE_HASH_SEED
+    NONE_HASH = BlockHash(none_hash)
+    _NONE_HASH_SEED = seed
     kv_cache_utils = sys.modules.get("kvspec.impl.kv_cache_utils")
     if kv_cache_utils is not None:  # its re-export (vLLM keeps NONE_HASH there)
-        vars(kv_cache_utils)["NONE_HASH"] = none_hash
+        vars(kv_cache_utils)["NONE_HASH"] = NONE_HASH
 
 
-init_none_hash(sha256)
+def init_none_hash(hash_fn: HashFunction) -> None:
+    """Seed every chain: ``hash_fn(seed)`` for the seed ``resolve_none_hash_seed`` gives, or
+    32 random bytes when it gives none."""
+    seed = resolve_none_hash_seed(hash_fn)
+    _set_none_hash(os.urandom(32) if seed is None else _digest(hash_fn, seed), seed)
+
+
+# At import, vLLM 0.13's rule without asking the host (the profile is chosen at first use):
+# PYTHONHASHSEED's hash if set, else random bytes. vLLM calls init_none_hash at engine start.
+_IMPORT_SEED = os.environ.get("PYTHONHASHSEED")
+_set_none_hash(os.urandom(32) if _IMPORT_SEED is None else _digest(sha256, _IMPORT_SEED),
+               _IMPORT_SEED)
 
 
 # Sequences whose elements are characters or bytes, never token ids.
@@ -443,8 +530,23 @@ MM_TAG = "mm"
 CACHE_SALT_TAG = "cache_salt"
 PROMPT_EMBEDS_TAG = "prompt_embeds"
 
-# The one setting; set_extra_key_format changes it (tests and the vLLM plugin).
+# The one setting; set_extra_key_format changes it (tests and the vLLM plugin). Until its
+# first use it holds kvspec's own default; at first use (extra_key_format) it becomes the
+# host's: vLLM 0.13's untagged keys inside a vLLM 0.13 process (impl/host_profile.py).
 EXTRA_KEY_FORMAT: ExtraKeyFormat = ExtraKeyFormat.TAGGED
+_FORMAT_CHOSEN = False  # by the host at first use, or by set_extra_key_format
+
+
+def extra_key_format() -> ExtraKeyFormat:
+    """The format extra keys are written in; at the first call, the host's (the vLLM in this
+    process, ``host_profile.current()``) unless ``set_extra_key_format`` chose one."""
+    global EXTRA_KEY_FORMAT, _FORMAT_CHOSEN
+    if not _FORMAT_CHOSEN:
+        from kvspec.impl import host_profile  # once: the profile is kept from then on
+
+        EXTRA_KEY_FORMAT = ExtraKeyFormat(host_profile.current().extra_keys)
+        _FORMAT_CHOSEN = True
+    return EXTRA_KEY_FORMAT
 
 
 def set_extra_key_format(key_format: ExtraKeyFormat | str) -> ExtraKeyFormat:
@@ -454,15 +556,16 @@ def set_extra_key_format(key_format: ExtraKeyFormat | str) -> ExtraKeyFormat:
     Set it once, before any request is hashed: hashes change with it, so blocks cached in one
     format are never hits in the other.
     """
-    global EXTRA_KEY_FORMAT
+    global EXTRA_KEY_FORMAT, _FORMAT_CHOSEN
     try:
         chosen = ExtraKeyFormat(key_format)
     except ValueError:
         raise InvalidExtraKeyFormatError(
             f"extra-key format must be one of {[f.value for f in ExtraKeyFormat]}, "
             f"got {key_format!r}") from None
-    previous = EXTRA_KEY_FORMAT
+    previous = extra_key_format()
     EXTRA_KEY_FORMAT = chosen
+    _FORMAT_CHOSEN = True
     return previous
 
 
@@ -595,7 +698,7 @@ def need_extra_keys(request: RequestLike) -> bool:
     As in vLLM 0.13, prompt embeddings are not part of this test (the request block hasher
     still keys their bytes), and a salt counts even when empty.
     """
-    sources = _key_sources(request, EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED)
+    sources = _key_sources(request, extra_key_format() is ExtraKeyFormat.TAGGED)
     if sources is None:
         return False
     lora_key, features, cache_salt, _ = sources
@@ -706,7 +809,7 @@ def generate_block_hash_extra_keys(
         raise InvalidBlockRangeError(f"block [{start}, {end}) is not a range of tokens from 0")
     if mm_idx is None:
         raise InvalidMultiModalIndexError(f"multimodal index must be an int, got {start_mm_idx!r}")
-    tagged = EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED
+    tagged = extra_key_format() is ExtraKeyFormat.TAGGED
     sources = _key_sources(request, tagged)
     if sources is None:
         return None, mm_idx
@@ -727,15 +830,22 @@ def _block_size(what: str, value: object) -> int:
 
 
 def get_request_block_hasher(
-    block_size: SupportsIndex, caching_hash_fn: HashFunction
+    block_size: SupportsIndex, caching_hash_fn: HashFunction,
+    num_hash_lookahead_tokens: SupportsIndex = 0,
 ) -> Callable[[RequestLike], list[BlockHash]]:
-    """A function giving the hashes of a request's new full blocks (those not yet hashed)."""
+    """A function giving the hashes of a request's new full blocks (those not yet hashed).
+
+    With ``num_hash_lookahead_tokens`` L > 0 (vLLM 0.33's lookahead hashing), each block's
+    hash also covers the L tokens after it (``lookahead_request_block_hasher``)."""
     size = _block_size("block size", block_size)
     _check_hash_function(caching_hash_fn)
+    if num_hash_lookahead_tokens != 0:
+        return lookahead_request_block_hasher(size, caching_hash_fn, num_hash_lookahead_tokens)
+    extra_key_format()  # the host's format, chosen before the first request (not per call)
     dumps = pickle.dumps
     new_sha256 = hashlib.sha256
     protocol = _PICKLE_PROTOCOL
-    use_sha256 = caching_hash_fn is sha256
+    use_sha256 = _is_pickle_sha256(caching_hash_fn)
 
     def request_block_hasher(request: RequestLike) -> list[BlockHash]:
         try:
@@ -762,25 +872,49 @@ def get_request_block_hasher(
         except AttributeError as error:
             raise _not_a_request(request, error) from None
         stop = start + (num_tokens - start) // size * size
+        new_tokens: Any  # a list or tuple of ints once checked below
         try:
             new_tokens = tokens[start:stop]
         except (TypeError, KeyError):
             new_tokens = None
-        if (
-            (type(new_tokens) is not list and type(new_tokens) is not tuple)
-            or len(new_tokens) != stop - start
-            or not all_ints(new_tokens)
-        ):
+        total: object = None  # the tokens' sum: an int exactly when all are ints (all_ints)
+        if ((type(new_tokens) is list or type(new_tokens) is tuple)
+                and len(new_tokens) == stop - start):
+            try:
+                total = sum(new_tokens)
+            except TypeError:  # a token that is not a number
+                total = None
+        if type(total) is not int:
             raise InvalidRequestError(
                 f"request {shown(request)} has num_tokens {num_tokens} but its token ids "
                 f"[{start}:{stop}] are not that many ints: {shown(tokens)}")
-        tagged = EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED
-        sources = _key_sources(request, tagged)
-        new_hashes: list[Any] = []  # BlockHash values (a NewType call per hash would cost)
+        # The extra-key sources, read here: most requests have none (_key_sources decides the
+        # same from the same four reads, a call later), and then the format is not read.
+        try:
+            lora_request = request.lora_request
+            mm_features = request.mm_features
+            cache_salt = request.cache_salt
+            prompt_embeds = request.prompt_embeds
+        except AttributeError as error:
+            raise _not_a_request(request, error) from None
+        sources: _KeySources | None = None
+        tagged = False
+        if not (lora_request is None and cache_salt is None and prompt_embeds is None
+                and (mm_features is None or (type(mm_features) is list and not mm_features))):
+            tagged = EXTRA_KEY_FORMAT is ExtraKeyFormat.TAGGED
+            sources = _key_sources(request, tagged)
         if sources is None:
-            # Hot path: every payload is (parent, tokens, None). zip over one iterator repeated
-            # ``size`` times cuts the full blocks into tuples at C speed.
+            # Hot path: every payload is (parent, tokens, None).
+            if stop - start == size:  # one block: what a decode step completes
+                one: list[Any] = [  # BlockHash values (a NewType call would cost)
+                    new_sha256(dumps((parent, tuple(new_tokens), None), protocol)).digest()
+                    if use_sha256 else
+                    _digest(caching_hash_fn, (parent, tuple(new_tokens), None))]
+                return one
+            # zip over one iterator repeated ``size`` times cuts the full blocks into tuples
+            # at C speed (its set-up costs more than one block's slice, hence the case above).
             blocks = zip(*[iter(new_tokens)] * size, strict=False)
+            new_hashes: list[Any] = []  # BlockHash values (a NewType call per hash would cost)
             append = new_hashes.append
             if use_sha256:
                 for block in blocks:
@@ -791,6 +925,7 @@ def get_request_block_hasher(
                     parent = _digest(caching_hash_fn, (parent, block, None))
                     append(parent)
             return new_hashes
+        new_hashes = []
         mm_idx = 0 if start == 0 else -1
         for offset in range(0, stop - start, size):
             block_start = start + offset
@@ -799,6 +934,103 @@ def get_request_block_hasher(
             parent = _hash_block(caching_hash_fn, parent,
                                  tuple(new_tokens[offset : offset + size]), extra_keys)
             new_hashes.append(parent)
+        return new_hashes
+
+    # Compiled, the calls that complete no block are answered before this closure is entered.
+    return early_exit(size, request_block_hasher)
+
+
+def _lookahead_count(value: object) -> int:
+    count = as_int(value)
+    if count is None or not 0 <= count <= MAX_BLOCK_SIZE:
+        raise InvalidBlockSizeError(
+            f"num_hash_lookahead_tokens must be an int in [0, 2**31 - 1], got {value!r}")
+    return count
+
+
+def _rewound_mm_index(features: tuple[tuple[str, int, int], ...], mm_idx: int,
+                      end: int) -> int:
+    """The walk's index moved back over the features that reach past ``end`` (a lookahead
+    window's walk went past them, but the next block overlaps them too)."""
+    while mm_idx > 0:
+        _, offset, length = features[mm_idx - 1]
+        if offset + length <= end:
+            break
+        mm_idx -= 1
+    return mm_idx
+
+
+def lookahead_request_block_hasher(
+    block_size: SupportsIndex, caching_hash_fn: HashFunction,
+    num_hash_lookahead_tokens: SupportsIndex,
+) -> Callable[[RequestLike], list[BlockHash]]:
+    """vLLM 0.33's request block hasher with lookahead L (``spec.hashing.lookahead_*``).
+
+    Block ``[start, end)`` hashes its own tokens with the extra keys ``(E, *tokens[end:end +
+    L])``, where ``E`` is the extra keys of the window ``[start, end + L)`` (its embedding rows
+    and the features it overlaps; the walk's index is rewound to the first feature reaching
+    past ``end``). A block is hashed once its L lookahead tokens exist. L = 0 is the plain
+    hasher."""
+    size = _block_size("block size", block_size)
+    _check_hash_function(caching_hash_fn)
+    lookahead = _lookahead_count(num_hash_lookahead_tokens)
+    if lookahead == 0:
+        return get_request_block_hasher(size, caching_hash_fn)
+    extra_key_format()
+
+    def request_block_hasher(request: RequestLike) -> list[BlockHash]:
+        try:
+            block_hashes = request.block_hashes
+            num_tokens = request.num_tokens
+        except AttributeError as error:
+            raise _not_a_request(request, error) from None
+        if type(block_hashes) is not list or type(num_tokens) is not int:
+            raise InvalidRequestError(
+                f"request {shown(request)} must have a list of block_hashes and an int "
+                f"num_tokens, got {shown(block_hashes)} and {num_tokens!r}")
+        start = len(block_hashes) * size
+        hashable = num_tokens - lookahead
+        if start + size > hashable:
+            return []
+        parent: bytes = block_hashes[-1] if block_hashes else NONE_HASH
+        if not _is_hash(parent):
+            raise InvalidRequestError(
+                f"request {shown(request)} holds a block hash {shown(parent)} that is not "
+                f"bytes")
+        try:
+            tokens = request.all_token_ids
+        except AttributeError as error:
+            raise _not_a_request(request, error) from None
+        stop = start + (hashable - start) // size * size
+        try:
+            new_tokens = tokens[start:stop + lookahead]
+        except (TypeError, KeyError):
+            new_tokens = None
+        if (
+            (type(new_tokens) is not list and type(new_tokens) is not tuple)
+            or len(new_tokens) != stop + lookahead - start
+            or not all_ints(new_tokens)
+        ):
+            raise InvalidRequestError(
+                f"request {shown(request)} has num_tokens {num_tokens} but its token ids "
+                f"[{start}:{stop + lookahead}] are not that many ints: {shown(tokens)}")
+        tagged = extra_key_format() is ExtraKeyFormat.TAGGED
+        sources = _key_sources(request, tagged)
+        mm_idx = 0 if start == 0 else -1
+        new_hashes: list[BlockHash] = []
+        for offset in range(0, stop - start, size):
+            block_start = start + offset
+            block_end = block_start + size
+            window_keys: tuple[Any, ...] | None = None
+            if sources is not None:
+                window_keys, mm_idx = _block_extra_keys(
+                    sources, block_start, block_end + lookahead, mm_idx, tagged)
+                if sources[1]:
+                    mm_idx = _rewound_mm_index(sources[1], mm_idx, block_end)
+            extra_keys = (window_keys, *new_tokens[offset + size:offset + size + lookahead])
+            parent = _hash_block(caching_hash_fn, parent,
+                                 tuple(new_tokens[offset:offset + size]), extra_keys)
+            new_hashes.append(BlockHash(parent))
         return new_hashes
 
     return request_block_hasher
@@ -881,6 +1113,23 @@ class BlockHashListWithBlockSize:
             f"BlockHashListWithBlockSize(len={len(self)}, hash_block_size="
             f"{self.hash_block_size}, target_block_size={self.target_block_size})"
         )
+
+
+class BlockHashListWithBlockSizeV033(BlockHashListWithBlockSize):
+    """vLLM 0.33's coarse view: coarse hash ``i`` is fine hash ``(i + 1) * scale - 1``, the
+    last of its group, which already chains over the whole prefix (0.33's
+    ``BlockHashListWithBlockSize``; ``spec.hashing.coarse_hashes_for``). So a coarse block's
+    key is the fine key at its end, the key a partial entry at that boundary has too."""
+
+    __slots__ = ()
+
+    def _coarse(self, index: int) -> BlockHash:
+        position = (index + 1) * self.scale_factor - 1
+        block_hash = self.block_hashes[position]
+        if not isinstance(block_hash, bytes):  # the list is the caller's
+            raise InvalidBlockHashError(
+                f"block hash {shown(block_hash)} at fine index {position} is not bytes")
+        return BlockHash(block_hash)
 
 
 BlockHashList = list[BlockHash] | BlockHashListWithBlockSize

@@ -11,6 +11,15 @@ taken and those still pending) as a named invariant of the pool machine:
 - `event_removed_was_stored`: a BlockRemoved names a hash the router holds.
 - `event_stored_parent_outside_its_blocks`: a BlockStored's parent is not one of its own
   blocks, so the chain the router links never loops.
+- `event_stream_holds_every_copy`: counting stores less removes, the router holds every
+  physical copy the pool has (`spec.events.copies_accounted` under the "full" report mode,
+  which holds in both modes: the router sees no difference between a reused block's report
+  and a new copy's store, so it must count both, and can only over-count).
+
+The router reads the wire, not the pool: `router_view_of_bytes` decodes published batches
+(`spec.events`) of either release, vLLM 0.13's array-encoded events or vLLM 0.33's
+map-encoded ones, and folds them. A router that assumes arrays refuses every 0.33 batch
+(`spec.events.read_event_array_only`; vLLM #42892 broke several that way).
 
 Each takes a `PoolState` (only its events are read) and returns True when it holds.
 Stated precisely, with what the spec (and vLLM) really emit:
@@ -30,8 +39,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from kvspec.spec.pool import Cleared, Event, PoolState, Removed, Stored
+from kvspec.spec.events import (
+    ReportMode,
+    WireEvent,
+    copies_accounted,
+    decode_batch,
+    read_event,
+    to_pool_event,
+)
+from kvspec.spec.pool import Cleared, Event, PoolState, Removed, Stored, external_hash
 
 
 @dataclass(frozen=True)
@@ -119,10 +137,37 @@ def event_stored_parent_outside_its_blocks(state: PoolState) -> bool:
                if isinstance(event, Stored) and event.parent is not None)
 
 
+def _copies(state: PoolState) -> Counter[int]:
+    """Each physical copy's external hash: one per key of each block (primary and, under
+    vllm-0.33, partial)."""
+    copies = Counter(external_hash(key) for key in state.key_of if key is not None)
+    copies.update(external_hash(key) for _, keys in state.partial_keys for key in keys)
+    return copies
+
+
+def event_stream_holds_every_copy(state: PoolState) -> bool:
+    """A router counting stores less removes (reports of reused blocks included: it cannot
+    tell them apart) holds every copy the pool has, and no hash goes below zero."""
+    if not state.enable_events:
+        return True
+    return copies_accounted(state.events, _copies(state), ReportMode.FULL)
+
+
+def router_view_of_bytes(batches: Sequence[bytes],
+                         reader: Callable[[Any], WireEvent] = read_event) -> RouterView:
+    """The router's view after the published batches (each a KVEventBatch's bytes), every
+    event read by ``reader`` (by default one that reads both releases' encodings)."""
+    events: list[Event] = []
+    for data in batches:
+        events.extend(to_pool_event(e) for e in decode_batch(data, reader)[1])
+    return router_view(events)
+
+
 ALL: tuple[Callable[[PoolState], bool], ...] = (
     event_stored_covers_whole_blocks,
     event_removed_was_stored,
     event_stored_parent_outside_its_blocks,
+    event_stream_holds_every_copy,
 )
 
 

@@ -33,11 +33,18 @@ Everything here is a small function over plain values (bytes, ints, tuples); the
 function is a parameter, so the same model describes sha256, CBOR and xxhash chains, and
 ``chain_payloads`` describes the chain with the hash left symbolic (the payload itself).
 Keys of the prefix cache are block hashes followed by the 4-byte big-endian KV-cache group id.
+
+vLLM 0.33's other hashing changes are parameters of the profile too (the last section): the
+root seed (``none_hash_seed``), the coarse view (``coarse_hashes_for``), the hash unit
+(``hash_block_size``), lookahead hashing (``lookahead_*``) and the extra keys events carry
+(``event_extra_keys``); docs/vllm-0.33-hashing-events.md.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
@@ -558,3 +565,197 @@ def coarse_hashes(fine_hashes: tuple[bytes, ...], scale: int) -> tuple[bytes, ..
         b"".join(fine_hashes[i * scale : (i + 1) * scale])
         for i in range(len(fine_hashes) // scale)
     )
+
+
+# --- vLLM 0.33: the root seed, coarse views, the hash unit, lookahead ---------------------------
+
+# The seed 0.33 derives the root hash from when PYTHONHASHSEED is unset and the algorithm is
+# collision resistant (kv_cache_utils.DEFAULT_NONE_HASH_SEED): hash_fn("vllm-none-hash").
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+ALGORITHMS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+# A predictable seed lets an attacker precompute colliding blocks of a non-cryptographic hash
+# offline (vLLM #12621), so those keep a random seed.
+CRYPTOGRAPHIC = frozenset({"sha256", "sha256_cbor"})
+
+
+def none_hash_seed(profile: Profile, algorithm: str, pythonhashseed: str | None) -> str | None:
+    """The seed the root hash is ``hash_fn(seed)`` of, or None for a random root.
+
+    PYTHONHASHSEED, when set, is the seed in both releases. Unset: vllm-0.13's root is 32
+    random bytes for every algorithm; vllm-0.33's is ``hash_fn("vllm-none-hash")`` for sha256
+    and sha256_cbor (so separate processes and replicas share a prefix cache by default) and
+    random for xxhash and xxhash_cbor.
+
+    pre: algorithm in ALGORITHMS
+    post: (__return__ is None) == (pythonhashseed is None and (profile is Profile.V0_13 or algorithm not in CRYPTOGRAPHIC))
+    post: __return__ is None or __return__ == pythonhashseed or __return__ == DEFAULT_NONE_HASH_SEED
+    """  # noqa: E501 (a PEP 316 condition must fit on one line)
+    if pythonhashseed is not None:
+        return pythonhashseed
+    if profile is Profile.V0_33 and algorithm in CRYPTOGRAPHIC:
+        return DEFAULT_NONE_HASH_SEED
+    return None
+
+
+def root_reproducible(profile: Profile, algorithm: str, pythonhashseed: str | None) -> bool:
+    """Named invariant: two processes agree on the root hash exactly when it has a seed, and
+    under vllm-0.33 a collision-resistant algorithm always has one."""
+    seeded = none_hash_seed(profile, algorithm, pythonhashseed) is not None
+    return seeded == (pythonhashseed is not None or (
+        profile is Profile.V0_33 and algorithm in CRYPTOGRAPHIC))
+
+
+def none_hash(hash_fn: HashFunction, seed: str) -> bytes:
+    """The root hash of a seed: the hash function applied to the seed string itself."""
+    return hash_fn(seed)
+
+
+def _boundary_hashes(coarse: tuple[bytes, ...], fine: tuple[bytes, ...], scale: int) -> bool:
+    """One coarse hash per whole group of ``scale`` fine hashes: the group's last one."""
+    return len(coarse) == len(fine) // scale and all(
+        coarse[i] == fine[(i + 1) * scale - 1] for i in range(len(coarse)))
+
+
+def coarse_hashes_for(profile: Profile, fine_hashes: tuple[bytes, ...],
+                      scale: int) -> tuple[bytes, ...]:
+    """The hashes of blocks ``scale`` times the hash block size, per release.
+
+    vllm-0.13 concatenates each group of fine hashes (``coarse_hashes``); vllm-0.33 takes
+    each group's last fine hash, which already chains over the whole prefix
+    (``BlockHashListWithBlockSize._get_value_at``). So under 0.33 a coarse block's key is the
+    fine key at its end boundary, which is what lets a partial entry of a block at a fine
+    boundary and a full entry at the block's end use one hash list.
+
+    pre: scale > 0
+    post: profile is Profile.V0_13 or _boundary_hashes(__return__, fine_hashes, scale)
+    """
+    if profile is Profile.V0_13:
+        return coarse_hashes(fine_hashes, scale)
+    return tuple(fine_hashes[(i + 1) * scale - 1] for i in range(len(fine_hashes) // scale))
+
+
+class BadHashUnit(ValueError):
+    """A prefix_match_unit the KV-cache groups cannot use."""
+
+
+def hash_block_size(group_block_sizes: tuple[int, ...], prefix_match_unit: int | None) -> int:
+    """vLLM 0.33's ``hash_block_size`` (``prefix_match_unit``): the token granularity of a
+    request's block hashes, with prefix caching on (``resolve_kv_cache_block_sizes``, without
+    its DCP scaling and the Mamba and per-state-alignment fallbacks).
+
+    One group: its block size; any other unit is refused (hits land on the block size).
+    Several groups: the unit if set, else the GCD of the block sizes; every block size must be
+    a multiple of it. vllm-0.13 has no unit: it hashes at the smallest block size.
+
+    pre: len(group_block_sizes) >= 1 and all(b > 0 for b in group_block_sizes)
+    pre: prefix_match_unit is None or prefix_match_unit > 0
+    raises: BadHashUnit
+    post: all(b % __return__ == 0 for b in group_block_sizes)
+    """
+    if len(group_block_sizes) == 1:
+        size = group_block_sizes[0]
+        if prefix_match_unit not in (None, size):
+            raise BadHashUnit(f"prefix_match_unit={prefix_match_unit} with one KV-cache group "
+                              f"of block size {size}: unset it or set it to {size}")
+        return size
+    unit = (prefix_match_unit if prefix_match_unit is not None
+            else functools.reduce(math.gcd, group_block_sizes))
+    if any(b % unit for b in group_block_sizes):
+        raise BadHashUnit(f"prefix_match_unit={unit} does not divide the KV-cache group "
+                          f"block sizes {list(group_block_sizes)}")
+    return unit
+
+
+# Lookahead hashing (vLLM 0.33, RFC #50438, for EAGLE drafters): with L =
+# num_hash_lookahead_tokens > 0 a block's hash also covers the L tokens after it, which the
+# drafter's KV at the block's last position depends on. The hashed tokens stay the block's;
+# its extra keys become ``(E, *next_L_tokens)``, where E is the extra keys of the window
+# [start, end + L). A block is hashed only once its L lookahead tokens exist.
+
+
+def num_lookahead_blocks(num_tokens: int, block_size: int, lookahead: int) -> int:
+    """How many blocks a request of ``num_tokens`` tokens has hashes for.
+
+    pre: num_tokens >= 0 and block_size > 0 and lookahead >= 0
+    post: __return__ * block_size + lookahead <= num_tokens or __return__ == 0
+    post: (__return__ + 1) * block_size + lookahead > num_tokens
+    """
+    return max(0, num_tokens - lookahead) // block_size
+
+
+def lookahead_extra_keys(window_keys: ExtraKeys, lookahead_tokens: tuple[int, ...]) -> ExtraKeys:
+    """A block's extra keys under lookahead: the window's keys, then the lookahead tokens
+    (with L = 0 there is no lookahead and the keys are the block's own)."""
+    if not lookahead_tokens:
+        return window_keys
+    return (window_keys, *lookahead_tokens)
+
+
+def lookahead_chain_payloads(
+    none_hash: bytes,
+    token_ids: tuple[int, ...],
+    block_size: int,
+    lookahead: int,
+    window_keys: tuple[ExtraKeys, ...],
+) -> tuple[Any, ...]:
+    """``chain_payloads`` under lookahead ``L``: block ``i`` chains its own tokens with extra
+    keys ``(window_keys[i], *tokens[end_i:end_i + L])``; only blocks whose lookahead tokens
+    exist are in the chain.
+
+    (Its contract is ``chain_payloads``'s; ``lookahead_separates_next_tokens`` is the
+    statement CrossHair checks.)
+    """
+    count = num_lookahead_blocks(len(token_ids), block_size, lookahead)
+    extras = tuple(
+        lookahead_extra_keys(window_keys[i], token_ids[(i + 1) * block_size:
+                                                       (i + 1) * block_size + lookahead])
+        for i in range(count))
+    return chain_payloads(none_hash, token_ids[:count * block_size], block_size, extras)
+
+
+def lookahead_separates_next_tokens(
+    token_ids_a: tuple[int, ...], token_ids_b: tuple[int, ...], block_size: int, lookahead: int
+) -> bool:
+    """Named invariant: with lookahead, two requests share block ``i``'s hash only if they
+    agree on every token up to block ``i``'s end plus L (the drafter's KV there depends on
+    them); without it, only up to the block's end.
+
+    pre: block_size > 0 and 0 <= lookahead <= 2
+    pre: len(token_ids_a) <= 3 * block_size + 2 and len(token_ids_b) <= 3 * block_size + 2
+    post: __return__
+    """
+    count_a = num_lookahead_blocks(len(token_ids_a), block_size, lookahead)
+    count_b = num_lookahead_blocks(len(token_ids_b), block_size, lookahead)
+    chain_a = lookahead_chain_payloads(b"seed", token_ids_a, block_size, lookahead,
+                                       (None,) * count_a)
+    chain_b = lookahead_chain_payloads(b"seed", token_ids_b, block_size, lookahead,
+                                       (None,) * count_b)
+    for i in range(min(count_a, count_b)):
+        covered = (i + 1) * block_size + lookahead
+        if (chain_a[i] == chain_b[i]) != (token_ids_a[:covered] == token_ids_b[:covered]):
+            return False
+    return True
+
+
+def event_extra_keys(keys: ExtraKeys) -> ExtraKeys:
+    """A block's tagged extra keys as vllm-0.33's BlockStored carries them
+    (``to_event_extra_keys``): untagged again for consumers, the LoRA key as its name (the
+    path is dropped), a multimodal key as ``(identifier, offset in block)``, the salt bare,
+    the prompt-embedding key as its digest. Lookahead tokens are not in the event's extra keys
+    (they are its ``lookahead_token_ids``)."""
+    if keys is None:
+        return None
+    return tuple(key[1:] if key[0] == MM_TAG else key[1] for key in keys)
+
+
+def event_keys_lose_the_lora_path(name: str, path_a: str, path_b: str) -> bool:
+    """Named property (a fact to tolerate, docs/findings.md): two adapters of one name and
+    different paths hash apart but publish the same event extra keys, so an event consumer
+    that rebuilds hashes from the events cannot tell them apart.
+
+    post: __return__
+    """
+    keys_a = (lora_key(name, path_a, KeyFormat.TAGGED),)
+    keys_b = (lora_key(name, path_b, KeyFormat.TAGGED),)
+    return event_extra_keys(keys_a) == event_extra_keys(keys_b) and (
+        path_a == path_b or keys_a != keys_b)

@@ -28,6 +28,7 @@ from hypothesis import event, given, strategies as st
 import kvspec.impl.hashing as hashing
 from kvspec.impl.request import LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request
 from kvspec.spec import hashing as spec_hashing
+from kvspec.spec.pool import Profile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -761,3 +762,349 @@ def test_tagged_keys_match_vllm_0_33_when_installed(monkeypatch: pytest.MonkeyPa
         ours.append([repr(keys), [h.hex() for h in request.block_hashes]])
     assert ours == theirs
     assert sum(1 for keys, _ in ours if keys != "None") > len(cases) // 2  # most carry keys
+
+
+# --- vLLM 0.33's hashing: the fixed-seed root, lookahead, the coarse view, event keys -------------
+
+
+@pytest.fixture
+def host_033() -> Iterator[None]:
+    """impl as it is inside a vLLM 0.33 process (host_profile), put back afterwards."""
+    from kvspec.impl import host_profile
+
+    previous = host_profile.choose(host_profile.profile_for("0.33.0"))
+    yield
+    host_profile.choose(previous)
+
+
+@pytest.mark.parametrize("name", ["sha256", "sha256_cbor"])
+def test_0_33_root_is_the_fixed_seeds_hash_without_pythonhashseed(
+        name: str, host_033: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    fn = hashing.get_hash_fn_by_name(name)
+    hashing.init_none_hash(fn)
+    first = hashing.NONE_HASH
+    hashing.init_none_hash(fn)
+    assert first == hashing.NONE_HASH == fn(spec_hashing.DEFAULT_NONE_HASH_SEED)
+    assert hashing.get_none_hash_seed() == spec_hashing.none_hash_seed(
+        Profile.V0_33, name, None) == "vllm-none-hash"
+
+
+@pytest.mark.parametrize("name", ["xxhash", "xxhash_cbor"])
+def test_0_33_root_stays_random_for_xxhash(name: str, host_033: None,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    fn = hashing.get_hash_fn_by_name(name)
+    hashing.init_none_hash(fn)
+    first, seed = hashing.NONE_HASH, hashing.get_none_hash_seed()
+    hashing.init_none_hash(fn)
+    assert first != hashing.NONE_HASH and seed != hashing.get_none_hash_seed()
+    assert seed is not None and first == fn(seed)  # hash_fn(random seed), as in vLLM 0.33
+    assert spec_hashing.none_hash_seed(Profile.V0_33, name, None) is None
+
+
+def test_pythonhashseed_wins_under_0_33(host_033: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONHASHSEED", "9")
+    for name in spec_hashing.ALGORITHMS:
+        hashing.init_none_hash(hashing.get_hash_fn_by_name(name))
+        assert hashing.get_none_hash_seed() == "9"
+        assert spec_hashing.none_hash_seed(Profile.V0_33, name, "9") == "9"
+        assert spec_hashing.root_reproducible(Profile.V0_33, name, None)
+        assert spec_hashing.root_reproducible(Profile.V0_13, name, None)
+
+
+def test_0_13_root_has_no_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    hashing.init_none_hash(hashing.sha256)  # no vLLM in this process: kvspec's, 0.13's rule
+    assert hashing.get_none_hash_seed() is None
+    assert spec_hashing.none_hash_seed(Profile.V0_13, "sha256", None) is None
+
+
+def spec_lookahead_hashes(tokens: list[int], block_size: int, lookahead: int,
+                          lora: str | None, salt: str | None, rows: tuple[bytes, ...] | None,
+                          none_hash: bytes) -> list[bytes]:
+    """The spec's chain under lookahead, the hash function applied (no multimodal input)."""
+    count = spec_hashing.num_lookahead_blocks(len(tokens), block_size, lookahead)
+    window_keys = []
+    for i in range(count):
+        start = i * block_size
+        end = start + block_size + lookahead
+        embeds = None if rows is None else b"".join(rows[start:end])
+        window_keys.append(spec_hashing.block_extra_keys(
+            lora, (), salt, embeds, start, spec_hashing.KeyFormat.TAGGED, "/adapters/" + (
+                lora or "")))
+    extras = tuple(spec_hashing.lookahead_extra_keys(window_keys[i], tuple(
+        tokens[(i + 1) * block_size:(i + 1) * block_size + lookahead])) for i in range(count))
+    return list(spec_hashing.chain_hashes(reference_sha256, none_hash,
+                                          tuple(tokens[:count * block_size]), block_size,
+                                          extras))
+
+
+@given(tokens=st.lists(st.integers(0, 2**31 - 1), max_size=20), block_size=st.integers(1, 4),
+       lookahead=st.integers(1, 3), lora=st.none() | st.just("lora-a"),
+       salt=st.none() | st.sampled_from(["", "s"]), embeds=st.booleans(),
+       appended=st.integers(0, 5))
+def test_lookahead_hashes_agree_with_spec(tokens: list[int], block_size: int, lookahead: int,
+                                          lora: str | None, salt: str | None, embeds: bool,
+                                          appended: int) -> None:
+    hashing.set_extra_key_format(hashing.ExtraKeyFormat.TAGGED)
+    prompt = tokens[:len(tokens) - appended] if appended < len(tokens) else tokens
+    rows = (np.arange(len(prompt) * 2, dtype=np.float32).reshape(len(prompt), 2) + 0.5
+            if embeds and prompt else None)
+    request = Request("r", list(prompt), cache_salt=salt, prompt_embeds=rows,
+                      lora_request=None if lora is None else LoRARequest(
+                          lora, 1, "/adapters/" + lora),
+                      block_hasher=hashing.get_request_block_hasher(
+                          block_size, hashing.sha256, lookahead))
+    for token in tokens[len(prompt):]:
+        request.append_output_token_ids(token)
+    spec_rows = None if rows is None else tuple(row.tobytes() for row in rows)
+    assert request.block_hashes == spec_lookahead_hashes(
+        tokens, block_size, lookahead, lora, salt, spec_rows, hashing.NONE_HASH)
+
+
+def test_lookahead_waits_for_its_tokens_and_zero_is_the_plain_hasher() -> None:
+    plain = Request("r", [1, 2, 3, 4, 5],
+                    block_hasher=hashing.get_request_block_hasher(2, hashing.sha256))
+    ahead = Request("r", [1, 2, 3, 4, 5],
+                    block_hasher=hashing.get_request_block_hasher(2, hashing.sha256, 2))
+    assert len(plain.block_hashes) == 2 and len(ahead.block_hashes) == 1
+    assert ahead.block_hashes[0] == reference_sha256((hashing.NONE_HASH, (1, 2), (None, 3, 4)))
+    ahead.append_output_token_ids(6)
+    assert len(ahead.block_hashes) == 2
+    zero = Request("r", [1, 2, 3, 4, 5],
+                   block_hasher=hashing.lookahead_request_block_hasher(2, hashing.sha256, 0))
+    assert zero.block_hashes == plain.block_hashes
+
+
+@pytest.mark.parametrize("value", [-1, 2**31, "2", None, 1.0])
+def test_bad_lookahead_is_refused(value: Any) -> None:
+    with pytest.raises(hashing.InvalidBlockSizeError, match="num_hash_lookahead_tokens"):
+        hashing.lookahead_request_block_hasher(2, hashing.sha256, value)
+
+
+@given(fine=st.lists(st.binary(min_size=1, max_size=3), max_size=12), scale=st.integers(1, 4))
+def test_0_33_coarse_view_is_the_boundary_hash(fine: list[bytes], scale: int) -> None:
+    view = hashing.BlockHashListWithBlockSizeV033(
+        [hashing.BlockHash(h) for h in fine], 2, 2 * scale)
+    expected = spec_hashing.coarse_hashes_for(Profile.V0_33, tuple(fine), scale)
+    assert list(view) == list(expected) == view[:]
+    assert spec_hashing._boundary_hashes(expected, tuple(fine), scale)
+
+
+def test_hash_block_size_of_the_groups() -> None:
+    assert spec_hashing.hash_block_size((16,), None) == 16
+    assert spec_hashing.hash_block_size((16, 64), None) == 16
+    assert spec_hashing.hash_block_size((32, 64), 8) == 8
+    with pytest.raises(spec_hashing.BadHashUnit, match="one KV-cache group"):
+        spec_hashing.hash_block_size((16,), 8)
+    with pytest.raises(spec_hashing.BadHashUnit, match="does not divide"):
+        spec_hashing.hash_block_size((16, 64), 32)
+
+
+# Runs under vLLM 0.33's interpreter with PYTHONHASHSEED unset: the root hashes, lookahead chains
+# (no multimodal input), coarse views and event extra keys, one JSON object.
+VLLM_033_HASHING = """
+import json, sys
+import torch
+from vllm.v1.core import kv_cache_utils as ku
+from vllm.v1.request import Request
+from vllm.sampling_params import SamplingParams
+from vllm.lora.request import LoRARequest
+from vllm.utils.hashing import get_hash_fn_by_name
+cases = json.load(sys.stdin)
+roots = {}
+for algo in ("sha256", "sha256_cbor"):
+    ku.init_none_hash(get_hash_fn_by_name(algo))
+    roots[algo] = [ku.NONE_HASH.hex(), ku.get_none_hash_seed()]
+fn = get_hash_fn_by_name("sha256")
+ku.init_none_hash(fn)
+chains = []
+for bs, look, prompt, rest, lora, salt, embeds in cases["lookahead"]:
+    rows = (torch.arange(len(prompt) * 2, dtype=torch.float32).reshape(-1, 2) + 0.5
+            if embeds else None)
+    req = Request("r", prompt, SamplingParams(max_tokens=8), None,
+                  lora_request=LoRARequest(lora, 1, "/adapters/" + lora) if lora else None,
+                  cache_salt=salt, prompt_embeds=rows,
+                  block_hasher=ku.get_request_block_hasher(bs, fn, look))
+    for token in rest:
+        req.append_output_token_ids(token)
+    chains.append([h.hex() for h in req.block_hashes])
+coarse = [[h.hex() for h in ku.BlockHashListWithBlockSize([bytes.fromhex(x) for x in fine],
+                                                          2, 2 * scale)]
+          for fine, scale in cases["coarse"]]
+def tagged(k):
+    return tuple(tuple(x) for x in k)
+events = [repr(ku.to_event_extra_keys([None if k is None else tagged(k) for k in keys]))
+          for keys in cases["event_keys"]]
+print(json.dumps({"roots": roots, "chains": chains, "coarse": coarse, "events": events}))
+"""
+
+
+@pytest.mark.slow
+def test_0_33_hashing_matches_vllm_0_33_when_installed(host_033: None,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixed-seed roots, lookahead chains, coarse views and event extra keys are vLLM
+    0.33's, from both impl and the spec."""
+    if not VLLM_033_PYTHON.exists():
+        pytest.skip("no .venv-vllm-0.33.0 (make vllm-env VLLM=0.33.0 builds it)")
+    torch = pytest.importorskip("torch")
+    rng = random.Random(3300)
+    lookahead: list[Any] = []
+    for _ in range(60):
+        bs, look = rng.choice([1, 2, 4]), rng.choice([1, 2, 3])
+        tokens = [rng.randint(0, 2**31 - 1) for _ in range(rng.randint(0, 4 * bs + look))]
+        split = rng.randint(1, len(tokens)) if tokens else 0
+        lookahead.append([bs, look, tokens[:split], tokens[split:],
+                          rng.choice([None, "lora-a"]), rng.choice([None, "", "salt"]),
+                          split > 0 and rng.random() < 0.3])
+    coarse: list[Any] = [[[rng.randbytes(rng.randint(1, 4)).hex()
+                           for _ in range(rng.randint(0, 9))], rng.randint(1, 3)]
+                          for _ in range(20)]
+    event_keys: list[Any] = [[None, [["lora", "a", "/p"], ["mm", "img", -2], ["cache_salt", "s"],
+                               ["prompt_embeds", "d"]]], [[["mm", "x", 0]]], []]
+    cases = {"lookahead": lookahead, "coarse": coarse, "event_keys": event_keys}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    env["VLLM_TARGET_DEVICE"] = "cpu"
+    proc = subprocess.run([str(VLLM_033_PYTHON), "-c", VLLM_033_HASHING],
+                          input=json.dumps(cases), env=env, capture_output=True, text=True,
+                          timeout=300, check=True)
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    for algo, (root, seed) in theirs["roots"].items():
+        fn = hashing.get_hash_fn_by_name(algo)
+        hashing.init_none_hash(fn)
+        assert [hashing.NONE_HASH.hex(), hashing.get_none_hash_seed()] == [root, seed]
+        assert spec_hashing.none_hash(fn, spec_hashing.none_hash_seed(
+            Profile.V0_33, algo, None) or "").hex() == root
+    hashing.init_none_hash(hashing.sha256)
+    hashing.set_extra_key_format(hashing.ExtraKeyFormat.TAGGED)
+    case: Any
+    for case, chain in zip(lookahead, theirs["chains"], strict=True):
+        bs, look, prompt, rest, lora, salt, embeds = case
+        rows = (torch.arange(len(prompt) * 2, dtype=torch.float32).reshape(-1, 2) + 0.5
+                if embeds else None)
+        request = Request("r", prompt, cache_salt=salt, prompt_embeds=rows,
+                          lora_request=LoRARequest(lora, 1, "/adapters/" + lora) if lora
+                          else None,
+                          block_hasher=hashing.get_request_block_hasher(bs, hashing.sha256, look))
+        for token in rest:
+            request.append_output_token_ids(token)
+        assert [h.hex() for h in request.block_hashes] == chain
+        spec_rows = None if rows is None else tuple(bytes(hashing.tensor_data(r)) for r in rows)
+        assert [h.hex() for h in spec_lookahead_hashes(
+            prompt + rest, bs, look, lora, salt, spec_rows, hashing.NONE_HASH)] == chain
+    assert sum(1 for chain in theirs["chains"] if chain) > len(lookahead) // 2
+    for (fine, scale), expected in zip(coarse, theirs["coarse"], strict=True):
+        fine_bytes = [hashing.BlockHash(bytes.fromhex(h)) for h in fine]
+        view = hashing.BlockHashListWithBlockSizeV033(fine_bytes, 2, 2 * scale)
+        assert [h.hex() for h in view] == expected
+        assert [h.hex() for h in spec_hashing.coarse_hashes_for(
+            Profile.V0_33, tuple(fine_bytes), scale)] == expected
+    for keys, expected in zip(event_keys, theirs["events"], strict=True):
+        tagged = [None if k is None else tuple(tuple(x) for x in k) for k in keys]
+        ours = [spec_hashing.event_extra_keys(k) for k in tagged] or None
+        assert repr(ours) == expected
+
+
+# --- the request block hasher's fast paths (docs/benchmarks.md, "The request block hasher") ------
+
+
+class _Counted:
+    """A hash function that counts its calls: SHA-256 of the pickle, or other bytes."""
+
+    def __init__(self, genuine: bool = True, module: str = __name__) -> None:
+        self.calls = 0
+        self.genuine = genuine
+        self.__module__ = module
+
+    def __call__(self, value: Any) -> bytes:
+        self.calls += 1
+        digest = reference_sha256(value)
+        return digest if self.genuine else digest[::-1]
+
+
+def _hashes(block_size: int, fn: Any, tokens: list[int], extra: list[int]) -> list[bytes]:
+    request = Request("r", tokens, block_hasher=hashing.get_request_block_hasher(block_size, fn))
+    for token in extra:
+        request.append_output_token_ids(token)
+    return list(request.block_hashes)
+
+
+def test_request_hasher_calls_any_other_hash_function_once_per_block() -> None:
+    """Only sha256 of the pickle (impl's, or vLLM's own) is computed inline; any other
+    function, one that hashes the same bytes included, is called for every block."""
+    spy = _Counted()
+    assert _hashes(2, spy, [1, 2, 3, 4, 5], [6, 7]) == _hashes(
+        2, hashing.sha256, [1, 2, 3, 4, 5], [6, 7])
+    assert spy.calls == 3
+
+
+@pytest.mark.parametrize("genuine", [True, False])
+def test_request_hasher_inlines_vllms_sha256_only_when_it_is_sha256(
+        monkeypatch: pytest.MonkeyPatch, genuine: bool) -> None:
+    """vLLM's ``vllm.utils.hashing.sha256`` (the attribute of that module, with that module
+    name, not a wrapper) is inlined once it gives SHA-256 of the pickle on a probe: same bytes,
+    one call (the probe). A function there that hashes otherwise is called per block."""
+    theirs = _Counted(genuine, module="vllm.utils.hashing")
+    fake = type(sys)("vllm.utils.hashing")
+    fake.sha256 = theirs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.utils.hashing", fake)
+    ours = _hashes(2, theirs, [1, 2, 3, 4, 5], [6, 7])
+    if genuine:
+        assert ours == _hashes(2, hashing.sha256, [1, 2, 3, 4, 5], [6, 7])
+        assert theirs.calls == 1
+    else:
+        assert theirs.calls == 1 + 3
+    wrapper = _Counted(module="vllm.utils.hashing")
+    wrapper.__wrapped__ = theirs  # type: ignore[attr-defined]
+    fake.sha256 = wrapper  # type: ignore[attr-defined]
+    _hashes(2, wrapper, [1, 2, 3, 4, 5], [6, 7])
+    assert wrapper.calls == 3
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 3, 4, 5, 6, 33])
+def test_request_hasher_one_block_and_many_blocks_agree_with_hash_block_tokens(
+        tokens: int) -> None:
+    """The one-block case (a decode step's) and the many-block case (a prompt's) cut the same
+    blocks as hash_block_tokens chained block by block, for impl's sha256 and another."""
+    ids = list(range(100, 100 + tokens))
+    for fn in (hashing.sha256, _Counted()):
+        parent: hashing.BlockHash | None = None
+        expected = []
+        for start in range(0, tokens - tokens % 4, 4):
+            parent = hashing.hash_block_tokens(fn, parent, ids[start:start + 4])
+            expected.append(parent)
+        assert _hashes(4, fn, ids[:1], ids[1:]) == expected  # one token at a time
+        assert _hashes(4, fn, ids, []) == expected  # all at once
+
+
+def test_early_exit_answers_only_the_calls_that_complete_no_block() -> None:
+    """The compiled build's wrapper (impl/request_hasher.py) returns [] itself exactly when
+    the request's list of hashes and int token count say no block completes; every other call,
+    malformed ones included, goes to the hasher. Checked on the class itself in both builds."""
+    from kvspec import impl
+    from kvspec.impl.request_hasher import EarlyExit, early_exit
+
+    seen: list[Any] = []
+
+    def hasher(request: Any) -> list[Any]:
+        seen.append(request)
+        return ["hashed"]
+
+    class Fake:
+        def __init__(self, block_hashes: Any, num_tokens: Any) -> None:
+            self.block_hashes, self.num_tokens = block_hashes, num_tokens
+
+    wrapper = EarlyExit(4, hasher)
+    assert wrapper(Fake([b"h"], 7)) == [] and not seen  # 1 block hashed, 7 tokens: none new
+    assert wrapper(Fake([], 3)) == [] and not seen
+    for request in (Fake([b"h"], 8), Fake([], 4), Fake((), 3), Fake([], 3.0), Fake([], True),
+                    Fake(None, 3), object()):
+        assert wrapper(request) == ["hashed"]
+        assert seen.pop() is request
+    import copy
+    assert copy.copy(wrapper) is wrapper and copy.deepcopy(wrapper) is wrapper
+    built = hashing.get_request_block_hasher(4, hashing.sha256)
+    assert isinstance(built, EarlyExit) == impl.COMPILED
+    assert (early_exit(4, hasher) is hasher) == (not impl.COMPILED)

@@ -10,10 +10,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from kvspec.impl import hashing
+from kvspec.impl import hashing, request_hasher
 from kvspec.impl.hashing import BlockHash, BlockHashWithGroupId, HashFunction
 from kvspec.impl.request import Request
-from tests.mutants import Mutant
+from tests.mutants import Mutant, replace
 
 HASHING_TESTS = "tests/test_hashing.py"
 
@@ -74,6 +74,25 @@ def group_id_little_endian() -> None:
     _replace_everywhere("make_block_hash_with_group_id", make_block_hash_with_group_id)
 
 
+def early_exit_takes_a_completed_block() -> None:
+    """The compiled wrapper answers [] also when the tokens complete exactly one more block
+    (``>=`` for ``>``): a decode step's completed block is never hashed."""
+    def call(self: request_hasher.EarlyExit, request: Any) -> list[Any]:
+        size = self.size
+        if len(request.block_hashes) * size + size >= request.num_tokens:
+            return []
+        return self.hasher(request)
+
+    replace(request_hasher.EarlyExit, "__call__", call)
+
+
+def any_hash_function_inlined() -> None:
+    """The request block hasher takes every hash function for sha256 of the pickle and
+    computes that inline: a caller's own function (xxhash, a spy, a different algorithm) is
+    never called."""
+    replace(hashing, "_is_pickle_sha256", lambda hash_function: True)
+
+
 MUTANTS: list[Mutant] = [
     Mutant(
         "hash-salt-every-block",
@@ -92,5 +111,17 @@ MUTANTS: list[Mutant] = [
         "group ids are appended to prefix-cache keys little-endian",
         group_id_little_endian,
         (f"{HASHING_TESTS}::test_group_id_key_round_trip_matches_spec",),
+    ),
+    Mutant(
+        "hash-early-exit-off-by-one",
+        "the compiled hasher's no-new-block answer also swallows a call that completes a block",
+        early_exit_takes_a_completed_block,
+        (f"{HASHING_TESTS}::test_early_exit_answers_only_the_calls_that_complete_no_block",),
+    ),
+    Mutant(
+        "hash-any-function-inlined",
+        "the request block hasher computes sha256 inline whatever hash function it was given",
+        any_hash_function_inlined,
+        (f"{HASHING_TESTS}::test_request_hasher_calls_any_other_hash_function_once_per_block",),
     ),
 ]
