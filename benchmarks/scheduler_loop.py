@@ -93,7 +93,9 @@ SHAPES: tuple[Workload, ...] = (
              priority=True, lora_rate=0.3, salt_rate=0.2, repeat_prompt_rate=0.2),
 )
 # A full-attention group and a sliding-window group sharing one pool: a pool large enough
-# that running requests are never preempted, and one too small (see the test for why).
+# that running requests are never preempted, and one too small, where allocate_slots refuses
+# requests whose blocks have left the window (and frees those blocks first: D7,
+# docs/findings.md).
 HYBRID_SHAPES: tuple[Workload, ...] = (
     Workload("hybrid", seed=0, steps=1000, num_gpu_blocks=200, max_num_seqs=8,
              max_num_batched_tokens=64, prefix_tokens=(16, 128), suffix_tokens=(1, 40),

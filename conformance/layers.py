@@ -22,7 +22,7 @@ from kvspec.spec.pool import NewPool, Profile
 __all__ = ["LAYERS", "LAYER_NAMES", "Layer", "LayerMachine", "LayerUnavailable", "layers_for",
            "policy_layer"]
 
-LAYER_NAMES = ("free-queue", "hash-map", "pool", "manager", "block-table")
+LAYER_NAMES = ("free-queue", "hash-map", "pool", "manager", "attention", "block-table")
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,17 @@ def _build_manager(target: str, profile: Profile) -> LayerMachine:
         notes=tuple(f"layout left out: {reason}" for reason in left_out))
 
 
+def _build_attention(target: str, profile: Profile) -> LayerMachine:
+    """The attention-type managers called directly (conformance/attention_manager_machine.py)."""
+    from kvspec.conformance import attention_manager_machine as attention
+
+    make = attention.adapter_for(target)
+    classes = ", ".join(attention.MANAGER_NAMES.values())
+    return LayerMachine(attention.machine_for(make), f"{make.manager_module}: {classes}",
+                        f"vLLM 0.13 single-type manager API ({make.name})",
+                        frozenset(attention.OUT_OF_CONTRACT), notes=make.notes)
+
+
 def policy_layer(layer: str, policy_name: str, target: str, profile: Profile) -> LayerMachine:
     """The pool or manager machine under an eviction policy (``--policy``): for ``impl``,
     impl's plug-in of that policy; for a ``module:Class`` that is an impl `EvictionPolicy`
@@ -153,7 +164,13 @@ def _component_layer(module_name: str, target: str, profile: Profile, api: str) 
     adapter = make_adapter()
     target_class = getattr(adapter, "target_path", None) or getattr(
         adapter, "target_class", None) or target
-    return LayerMachine(module.machine_for(make_adapter), str(target_class), api,
+    import inspect
+
+    # The free queue and the map take the profile (0.33's prepend_n and contain).
+    takes_profile = "profile" in inspect.signature(module.machine_for).parameters
+    machine = (module.machine_for(make_adapter, profile=profile) if takes_profile
+               else module.machine_for(make_adapter))
+    return LayerMachine(machine, str(target_class), api,
                         frozenset(getattr(module, "OUT_OF_CONTRACT", ())))
 
 
@@ -170,6 +187,9 @@ LAYERS: dict[str, Layer] = {
                   "events", "tests/test_pool_machine.py", _build_pool),
     "manager": Layer("manager", "KVCacheManager: hits, allocate_slots, free, per-group "
                      "tables", "tests/test_manager_machine.py", _build_manager),
+    "attention": Layer("attention", "Full, sliding-window, chunked-local and Mamba managers "
+                       "called directly: hits over several groups, skipped blocks, allocation",
+                       "tests/test_attention_manager_machine.py", _build_attention),
     "block-table": Layer("block-table", "BlockTable: rows and slot mapping",
                          "tests/test_block_table_machine.py", partial(
                              _component_layer, "block_table_machine",

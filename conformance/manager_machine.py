@@ -7,7 +7,10 @@ slots for a chunk of its prompt, maybe with lookahead slots), run a step of a ru
 recompute later), finish or abort it, continue a finished conversation with a new turn, cache
 delayed blocks, evict cached blocks, reset the prefix cache, ask for the common prefix and
 drain events; and make bad calls (one rule per kind: the manager must refuse each with a typed
-error and change nothing). Request ids flow through the ``waiting`` and ``running`` Bundles.
+error and change nothing). A short pool is no bad call: an ``allocate_slots`` that returns
+None must have freed the request's blocks that left the window and changed nothing else
+(``refusal_frees_only_skipped_blocks``, checked right after the call). Request ids flow
+through the ``waiting`` and ``running`` Bundles.
 
 Every call is a `spec.manager` command run on the spec and the target through
 `lockstep.Lockstep`, so outputs and refusals are compared as they happen. The spec holds the
@@ -136,6 +139,16 @@ def manager_view(manager: Any, requests: Mapping[str, Any]) -> ManagerView:
         spec_events(getattr(pool, "kv_event_queue", ())),
         tuple(sorted((rid, tuple(r.block_hashes)) for rid, r in requests.items())),
         *policy_state(pool))
+
+
+def manager_state_from_view(state: model.ManagerState, view: ManagerView,
+                            taken: tuple[pool_model.Event, ...] = ()) -> model.ManagerState:
+    """A target's manager state in the spec's terms: the spec's ``state`` with the target's
+    tables, keyed counts and pool in it (``taken``: the events already taken)."""
+    pool = replace(state.pool, ref=view.ref, free=view.free, key_of=view.key_of,
+                   events=taken + view.pending_events, num_taken=len(taken), now=view.now,
+                   retention=view.retention, pinned=view.pinned)
+    return replace(state, pool=pool, tables=view.tables, num_cached=view.num_cached)
 
 
 def hit_ids(result: Any) -> tuple[tuple[tuple[int, ...], ...], int]:
@@ -610,6 +623,7 @@ class ManagerMachine(LockstepMachine[Session]):
                   with_hits: bool, lookahead: int, delay: bool) -> bool:
         tracked = self.tracked[request_id]
         encoder = self._encoder_tokens(tracked)
+        before = self.state
         new = self.lockstep(model.AllocateSlots(request_id, num_new_tokens, num_new_computed,
                                                 with_hits, lookahead, delay, encoder))
         note(f"allocate_slots({request_id}, new={num_new_tokens}, hit={num_new_computed}, "
@@ -617,6 +631,7 @@ class ManagerMachine(LockstepMachine[Session]):
         assert not isinstance(new, Refused), f"allocate_slots refused by the spec: {new}"
         if new is None:
             event("allocate_slots: pool too small (None)")
+            self._check_refusal_for_lack_of_room(before, request_id)
             return False
         if encoder:
             tracked.encoder_done = True
@@ -628,6 +643,25 @@ class ManagerMachine(LockstepMachine[Session]):
         if any(new):
             event("allocate_slots: new blocks")
         return True
+
+    def _check_refusal_for_lack_of_room(self, before: model.ManagerState,
+                                        request_id: str) -> None:
+        """Rule refusal_frees_only_skipped_blocks (`spec.manager`), on the target's state
+        right after an allocate_slots that returned None: the request's blocks that left the
+        window are freed (`Profile.refusal_frees_skipped_blocks`), nothing else changed. A
+        short pool is not a bad call, so the "a refusal changes nothing" rule of bad calls
+        does not apply; this one does, named."""
+        after = self.target_state()
+        if after is None:
+            return
+        request = self._request(request_id).view()
+        assert model.refusal_frees_only_skipped_blocks(before, after.manager, request), (
+            f"rule refusal_frees_only_skipped_blocks violated by the target: allocate_slots "
+            f"for {request_id!r} returned None; tables before {before.tables}, target "
+            f"after {after.manager.tables}, spec after {self.state.tables}; free queue "
+            f"target {after.manager.pool.free}, spec {self.state.pool.free}")
+        if after.manager.tables != before.tables:
+            event("allocate_slots: None, out-of-window blocks freed")
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -959,14 +993,10 @@ class ManagerMachine(LockstepMachine[Session]):
         """The target's state in the spec's terms: the spec's session with the target's
         tables, keyed counts, pool and request hashes in it."""
         spec = self.spec
-        state = spec.manager
         hashes = dict(view.block_hashes)
         requests = tuple((rid, replace(r, block_hashes=hashes.get(rid, r.block_hashes)))
                          for rid, r in spec.requests)
-        pool = replace(state.pool, ref=view.ref, free=view.free, key_of=view.key_of,
-                       events=self.taken + view.pending_events, num_taken=len(self.taken),
-                       now=view.now, retention=view.retention, pinned=view.pinned)
-        manager = replace(state, pool=pool, tables=view.tables, num_cached=view.num_cached)
+        manager = manager_state_from_view(spec.manager, view, self.taken)
         return replace(spec, manager=manager, requests=requests)
 
     @invariant()

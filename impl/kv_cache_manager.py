@@ -1,11 +1,12 @@
 """KVCacheManager: what a scheduler calls (vLLM 0.13's API; spec: spec/manager.py).
 
 ``allocate_slots`` runs vLLM 0.13's five stages (free skipped blocks, capacity check,
-attach cache hits, allocate new blocks, cache newly full blocks) as one transaction: every
-input is checked and the capacity is counted (including the blocks stage 1 would free) before
-anything changes, so a refused call or a ``None`` (not enough free blocks) leaves the manager,
-its coordinator and the pool exactly as they were. (vLLM 0.13 frees the skipped blocks before
-its capacity check, even when it then returns ``None``.)
+attach cache hits, allocate new blocks, cache newly full blocks): every input is checked
+before anything changes, so a refused call (a bad argument) leaves the manager, its
+coordinator and the pool exactly as they were. A ``None`` (not enough free blocks) is not a
+bad call: as in vLLM 0.13 and 0.33, the request's blocks that have left the attention window
+are freed all the same (they are dead whether or not the allocation goes ahead), and nothing
+else changes (spec: ``Profile.refusal_frees_skipped_blocks``, docs/findings.md D7).
 
 What is checked before anything changes, beyond types and ranges (``InvalidAllocationError``,
 an ``InvalidManagerArgument``, naming the value):
@@ -350,7 +351,8 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Give the request slots for ``num_new_tokens`` more tokens (plus lookahead slots),
         after attaching the cache hits ``new_computed_blocks``; return the new blocks, or None
-        (and change nothing) when the pool has too few free blocks.
+        when the pool has too few free blocks (having freed only the request's blocks that
+        left the attention window, as vLLM does).
 
         Layout of the request's tokens::
 
@@ -419,8 +421,9 @@ class KVCacheManager:
             coordinator.check_keys(request, request_id, num_tokens_to_cache, num_hit_tokens,
                                    InvalidAllocationError)
 
-        # -- the call. Stage 2 first: count, change nothing. The bound that takes every hit
-        # for a free block settles most calls without reading a ref count.
+        # -- the call. Stage 2 first: count, counting in the blocks stage 1 will free. The
+        # bound that takes every hit for a free block settles most calls without reading a
+        # ref count.
         num_free = self.block_pool.get_num_free_blocks()
         if coordinator.get_max_num_blocks_to_allocate_unchecked(
             request_id, num_tokens_need_slot, new_computed, num_encoder
@@ -431,6 +434,10 @@ class KVCacheManager:
             if num_blocks_to_allocate > num_free and num_blocks_to_allocate > num_free + (
                 coordinator.num_blocks_freed_by_skip_unchecked(request_id, num_computed)
             ):
+                # Too few free blocks (not a bad call): stage 1 still runs, as in vLLM 0.13
+                # and 0.33, since the blocks out of the window are dead either way
+                # (spec: Profile.refusal_frees_skipped_blocks). Freeing evicts nothing.
+                coordinator.remove_skipped_blocks_unchecked(request_id, num_computed)
                 return None
 
         # Stage 1: blocks that slid out of the window go back to the pool.

@@ -12,10 +12,12 @@ What the model says, as vLLM 0.13's kv_cache_manager.py does it:
   looked up together: a block is a hit only when it hits in all of them. Each attention type
   has its own search rule, and with several types the lookup repeats over the types, each
   limited by the hit length found so far, until a whole pass shortens nothing.
-* `allocate_slots` is one transaction in five stages: free the blocks that slid out of the
-  window, check capacity, attach the cache hits, allocate new blocks, key the blocks that are
-  full now (never the lookahead or draft tokens). When the pool is short it returns None and
-  the state is exactly what it was (stage 2 is counted before stage 1 is applied).
+* `allocate_slots` runs in five stages: free the blocks that slid out of the window, check
+  capacity, attach the cache hits, allocate new blocks, key the blocks that are full now
+  (never the lookahead or draft tokens). When the pool is short it returns None, and stage 1
+  has still happened (`Profile.refusal_frees_skipped_blocks`, as vLLM 0.13 and 0.33 do it:
+  blocks outside the window are dead whether or not the allocation goes ahead); nothing else
+  changes (`refusal_frees_only_skipped_blocks`). A short pool is not a bad call.
 * `free` releases each group's blocks in reverse order, so the tail of a chain is evicted
   before its head.
 * Refusals (`BadAllocation`, nothing changes): besides counts out of range, a request whose
@@ -27,10 +29,10 @@ What the model says, as vLLM 0.13's kv_cache_manager.py does it:
   in every group, null blocks only before the real ones of types whose blocks slide out of
   the window), and a request longer than ``max_model_len``.
 
-Deliberate differences from vLLM 0.13 (impl/ follows the model): a short pool changes nothing
-(0.13 frees the out-of-window blocks first); a sink-attention group holds its sink blocks as
-ordinary references taken at construction; configs 0.13 would reject with an assertion or a
-late NotImplementedError (cross-attention with prefix caching) are refused when built.
+Deliberate differences from vLLM 0.13 (impl/ follows the model): a sink-attention group
+holds its sink blocks as ordinary references taken at construction; configs 0.13 would reject
+with an assertion or a late NotImplementedError (cross-attention with prefix caching) are
+refused when built.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ __all__ = [
     "get_computed_blocks",
     "get_num_common_prefix_blocks",
     "new_manager",
+    "refusal_frees_only_skipped_blocks",
     "reset_prefix_cache",
     "step",
     "take_events",
@@ -407,6 +410,104 @@ def get_computed_blocks(state: ManagerState, request: RequestView) -> tuple[Grou
     return find_longest_cache_hit(state, request.block_hashes, request.num_tokens - 1)
 
 
+# --- One attention type's manager, called directly --------------------------------------------
+# The coordinators call each single-type manager for every group of its type; these functions
+# say what the manager's own public methods return when called directly (the attention layer,
+# conformance/attention_manager_machine.py), so that a bug the coordinators mask is still seen.
+
+
+def type_cache_hit(
+    pool: PoolState,
+    group: GroupSpec,
+    group_ids: Sequence[int],
+    block_hashes: Sequence[bytes],
+    max_length: int,
+    alignment_tokens: int,
+    use_eagle: bool,
+) -> GroupBlocks:
+    """``find_longest_cache_hit`` of one attention type over ``group_ids``, for hashes of the
+    type's own block size: per group id, null blocks where blocks slid out of the window, then
+    the hit blocks. A block is a hit only where its hash is cached in *every* group, so every
+    list has the same length (the common-length cut: never one group's longer run)."""
+    bs = group.block_size
+    hits = _hit_pattern(pool, block_hashes, group_ids)
+    max_length = min(max_length, len(block_hashes) * bs)
+    if group.kind in FULL_KINDS:
+        first, end = 0, rules.full_attention_hit_blocks(hits, max_length, bs, alignment_tokens,
+                                                        use_eagle)
+    elif group.kind is Kind.SLIDING_WINDOW:
+        first, end = rules.sliding_window_hit(hits, max_length, bs, group.sliding_window,
+                                              alignment_tokens, use_eagle)
+    elif group.kind is Kind.CHUNKED_LOCAL:
+        first, end = rules.chunked_local_hit(hits, max_length, bs, group.attention_chunk_size)
+    elif group.kind is Kind.MAMBA:
+        end = rules.mamba_hit_blocks(hits, max_length, bs, alignment_tokens)
+        first = max(end - 1, 0)
+    else:
+        raise BadConfig(f"{group.kind} is never prefix-cached")
+    return _hit_blocks(pool, block_hashes, group_ids, first, end)
+
+
+def same_length_in_every_group(hit: GroupBlocks) -> bool:
+    """A direct lookup's lists all have one length (the hit length is read off the first)."""
+    return len({len(blocks) for blocks in hit}) <= 1
+
+
+def skipped_tokens(group: GroupSpec, num_computed_tokens: int,
+                   mamba_keeps_blocks: bool = False) -> int:
+    """Leading tokens of a request no future token of ``group`` attends to (<= 0: none).
+    The model skips every Mamba token but the last; vLLM 0.13.0's Mamba manager skips none
+    (``mamba_keeps_blocks``; docs/findings.md M1, a gap the manager model has yet to decide)."""
+    if group.kind is Kind.MAMBA and mamba_keeps_blocks:
+        return 0
+    return _skipped_tokens(group, num_computed_tokens)
+
+
+def skipped_blocks_to_free(
+    blocks: Sequence[BlockId], group: GroupSpec, num_computed_tokens: int,
+    mamba_keeps_blocks: bool = False,
+) -> tuple[int, ...]:
+    """Indices of the blocks ``remove_skipped_blocks`` frees, highest first: the leading
+    blocks made only of skipped tokens, walked down from the last of them and stopping at the
+    first null block (everything before it was nulled by an earlier call)."""
+    count = min(rules.skipped_blocks(
+        skipped_tokens(group, num_computed_tokens, mamba_keeps_blocks), group.block_size),
+        len(blocks))
+    indices: list[int] = []
+    for i in range(count - 1, -1, -1):
+        if blocks[i] == NULL_BLOCK:
+            break
+        indices.append(i)
+    return tuple(indices)
+
+
+def type_blocks_to_allocate(
+    pool: PoolState, group: GroupSpec, num_tokens: int, held: Sequence[BlockId],
+    hits: Sequence[BlockId],
+) -> int:
+    """``get_num_blocks_to_allocate`` of one manager: the blocks beyond those held and the
+    hits for ``num_tokens`` tokens (Mamba: plus its speculative blocks), plus one for every
+    hit now free (may be negative)."""
+    evictable = sum(1 for b in hits if b != NULL_BLOCK and pool.ref[b] == 0)
+    return rules.num_blocks_to_allocate(_slot_tokens(group, num_tokens, 0), group.block_size,
+                                        len(hits), len(held), evictable)
+
+
+def type_common_prefix_blocks(
+    pool: PoolState, group: GroupSpec, blocks: Sequence[BlockId], num_requests: int
+) -> int:
+    """``get_num_common_prefix_blocks`` of one manager: full attention counts the leading
+    blocks every one of the ``num_requests`` requests holding blocks shares; others 0."""
+    if group.kind not in FULL_KINDS:
+        return 0
+    count = 0
+    for block in blocks:
+        if pool.ref[block] != num_requests:
+            break
+        count += 1
+    return count
+
+
 # --- Allocation --------------------------------------------------------------------------------
 
 
@@ -431,6 +532,26 @@ def _skipped_indices(blocks: Sequence[BlockId], group: GroupSpec, num_computed: 
             break
         indices.append(i)
     return indices
+
+
+def _free_skipped(state: ManagerState, request_id: str, num_computed_tokens: int
+                  ) -> ManagerState:
+    """allocate_slots' stage 1: in every group, the request's blocks that slid out of the
+    window become null blocks, and the pool frees them (highest index first)."""
+    pool = state.pool
+    tables = list(state.tables)
+    for g, group in enumerate(state.config.groups):
+        current = _table_get(tables[g], request_id)
+        if current is None:
+            continue
+        skipped = _skipped_indices(current, group, num_computed_tokens)
+        if skipped:
+            pool = P.free_blocks(pool, [current[i] for i in skipped])
+            nulled = list(current)
+            for i in skipped:
+                nulled[i] = NULL_BLOCK
+            tables[g] = _put(tables[g], request_id, tuple(nulled))  # type: ignore[assignment]
+    return replace(state, pool=pool, tables=tuple(tables))
 
 
 def _slot_tokens(group: GroupSpec, num_tokens: int, num_encoder_tokens: int) -> int:
@@ -520,7 +641,8 @@ def allocate_slots(
     if caching_now and len(request.block_hashes) < to_cache // config.hash_block_size:
         raise BadAllocation(f"request {rid!r} has too few block hashes")
 
-    # Stage 2, counted before anything changes.
+    # Stage 2, counted before anything changes: what the pool will have once stage 1 has
+    # freed the out-of-window blocks (those no other request holds).
     pool = state.pool
     wanted = 0
     freed_by_skip = 0
@@ -536,22 +658,17 @@ def allocate_slots(
         skipped = _skipped_indices(blocks, group, request.num_computed_tokens)
         freed_by_skip += sum(1 for i in skipped if pool.ref[blocks[i]] == 1)
     if wanted > P.num_free(pool) + freed_by_skip:
-        return state, None
+        # Too few free blocks: not a bad call, so the profile decides whether stage 1 runs.
+        if not config.profile.refusal_frees_skipped_blocks:
+            return state, None
+        return _free_skipped(state, rid, request.num_computed_tokens), None
 
+    # Stage 1: out-of-window blocks become null blocks and go back to the pool.
+    state = _free_skipped(state, rid, request.num_computed_tokens)
+    pool = state.pool
+    held = [_table_get(state.tables[g], rid) for g in range(len(groups))]
     tables = list(state.tables)
     counts = list(state.num_cached)
-    # Stage 1: out-of-window blocks become null blocks and go back to the pool.
-    for g, group in enumerate(groups):
-        current = held[g]
-        if current is None:
-            continue
-        skipped = _skipped_indices(current, group, request.num_computed_tokens)
-        if skipped:
-            pool = P.free_blocks(pool, [current[i] for i in skipped])
-            nulled = list(current)
-            for i in skipped:
-                nulled[i] = NULL_BLOCK
-            held[g] = tuple(nulled)
     # Stage 3: attach the hits (a new request only).
     if any(hits):
         pool = P.touch(pool, [b for group_hits in hits for b in group_hits])
@@ -806,6 +923,21 @@ def hit_is_valid(
             if block != NULL_BLOCK and state.pool.key_of[block] != P.make_key(hashes[i], g):
                 return False
     return True
+
+
+def refusal_frees_only_skipped_blocks(
+    before: ManagerState, after: ManagerState, request: RequestView
+) -> bool:
+    """After allocate_slots returned None for lack of free blocks: the request's blocks
+    that left the window are null blocks back in the pool (stage 1), under a profile whose
+    refusal frees them (`Profile.refusal_frees_skipped_blocks`), and nothing else changed:
+    no other table, keyed count, ref count, key or free-queue position."""
+    expected = before
+    if before.config.profile.refusal_frees_skipped_blocks:
+        expected = _free_skipped(before, request.request_id, request.num_computed_tokens)
+    return (after.tables == expected.tables and after.num_cached == expected.num_cached
+            and after.pool.ref == expected.pool.ref and after.pool.free == expected.pool.free
+            and after.pool.key_of == expected.pool.key_of)
 
 
 INVARIANTS = (

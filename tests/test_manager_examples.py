@@ -14,6 +14,7 @@ from kvspec.conformance.manager_machine import (
     ImplManager,
     group_spec_of,
     hand_layout,
+    manager_state_from_view,
     view_of,
 )
 from kvspec.impl.hashing import get_request_block_hasher, sha256
@@ -169,13 +170,44 @@ def test_sliding_window_frees_exactly_the_blocks_out_of_the_window() -> None:
     assert ids[:2] == [0, 0] and 0 not in ids[2:]
 
 
-def test_refused_allocation_keeps_out_of_window_blocks() -> None:
+def _refused_for_lack_of_room(both: Both, request_id: str, num_new: int) -> None:
+    """allocate_slots returns None (a short pool, no bad call); the named rule holds on impl's
+    state before the whole states are compared."""
+    assert both.lockstep.state is not None
+    before = both.spec
+    request = both.lockstep.state.request(request_id).view()
+    assert both.lockstep(model.AllocateSlots(request_id, num_new)) is None
+    after = manager_state_from_view(before, both.target.view())
+    assert model.refusal_frees_only_skipped_blocks(before, after, request), (
+        f"refusal_frees_only_skipped_blocks: tables before {before.tables}, "
+        f"after {after.tables}")
+    both.check()
+
+
+def test_refused_allocation_frees_the_out_of_window_blocks() -> None:
+    """D7 (docs/findings.md): a short pool is not a bad call. Like vLLM 0.13 and 0.33,
+    allocate_slots frees the blocks that left the window before it returns None."""
     both = Both([sliding(3)], num_blocks=7)  # 6 usable blocks
-    both.admit("a", PROMPT[:10])  # 5 blocks
-    before = both.target.view()
-    # 10 computed tokens would free 4 blocks, but 20 more tokens need 10: refused, nothing freed.
-    assert both.allocate("a", 20) is None
-    assert both.target.view() == before
+    both.admit("a", PROMPT[:10])  # 5 blocks, 1 free
+    ids = both.block_ids("a")[0]
+    # 10 computed tokens, window 3: blocks 0-3 are out of it; 20 more tokens need 10 more
+    # blocks, more than the 1 free and the 4 freed: refused, with the 4 freed all the same.
+    _refused_for_lack_of_room(both, "a", 20)
+    assert both.block_ids("a")[0] == [0, 0, 0, 0, ids[4]]
+    assert both.impl.block_pool.get_num_free_blocks() == 5
+
+
+def test_refused_hybrid_allocation_frees_only_the_window_group() -> None:
+    """docs/findings.md D7's reproducer, scaled to blocks of 2 tokens: a full-attention and
+    a sliding-window group (window 4) in an 11-block pool."""
+    both = Both([full(), sliding(4)], num_blocks=11)  # 10 usable blocks
+    both.admit("a", PROMPT[:8])  # 4 blocks in each group, 2 free
+    full_ids, window_ids = both.block_ids("a")
+    # 6 more tokens need 3 + 3 blocks > 2 free + 2 freed: refused; the window's first two
+    # blocks (tokens 0-3, outside the window of token 8) are freed anyway.
+    _refused_for_lack_of_room(both, "a", 6)
+    assert both.block_ids("a") == (full_ids, [0, 0, *window_ids[2:]])
+    assert both.impl.block_pool.get_num_free_blocks() == 4
 
 
 def test_hybrid_lookup_repeats_until_every_type_agrees() -> None:

@@ -13,9 +13,11 @@ there. One step is what vLLM's engine core does: ``schedule()`` then ``update_fr
 on (``StepRecord``: block ids, computed and scheduled tokens, preempted and finished ids,
 common-prefix blocks, KV events, usage, prefix-cache stats, eviction samples, outputs, and
 the whole block table of every running request after the step) as
-plain JSON-able values, plus two views of the manager used to explain known differences
-(``empty_table_entries``; with a sliding-window group, ``RefusalWatcher``'s refusals that
-freed blocks); ``first_difference`` compares two traces.
+plain JSON-able values, plus two views of the manager: ``empty_table_entries`` (used to
+explain M2, docs/findings.md) and, with a sliding-window group, ``RefusalWatcher``'s refused
+allocations that freed blocks (D7: both vLLM and kvspec free a request's out-of-window
+blocks before refusing it, so these are compared like the rest); ``first_difference``
+compares two traces and ``comparison_counts`` counts what was compared.
 
 ``python -m tests.vllm_loop --side vllm|kvspec --out FILE`` writes the traces of every
 workload to FILE. ``--side kvspec`` first installs kvspec's plugin
@@ -57,22 +59,17 @@ __all__ = ["ALL_WORKLOADS", "BLOCK_SIZE", "HYBRID_WORKLOADS", "WORKLOADS", "Work
            "build_scheduler"]
 
 StepRecord = dict[str, Any]
-VLLM_REFUSAL_ORDER = "+vllm-refusal-order"  # suffix of the traces main() adds for it
 
 
 class RefusalWatcher:
     """Forwards everything to a KV-cache manager, noting each refused ``allocate_slots`` that
-    changed the number of free blocks: vLLM 0.13's ``allocate_slots`` frees a sliding-window
-    request's out-of-window blocks (``remove_skipped_blocks``) before its capacity check, even
-    when it then refuses; kvspec's refusal changes nothing.
+    changed the number of free blocks. vLLM 0.13 frees a sliding-window request's
+    out-of-window blocks (``remove_skipped_blocks``) before its capacity check, even when it
+    then refuses, and so does kvspec (``Profile.refusal_frees_skipped_blocks``, D7): the
+    watcher only observes, on both sides, and its notes are compared like the rest."""
 
-    ``vllm_refusal_order=True`` puts vLLM 0.13's order in front of kvspec's manager: it calls
-    the coordinator's ``remove_skipped_blocks`` first, as vLLM 0.13's ``allocate_slots`` does,
-    so that a trace can be compared with vLLM's past such a refusal."""
-
-    def __init__(self, manager: Any, vllm_refusal_order: bool = False) -> None:
+    def __init__(self, manager: Any) -> None:
         self.manager = manager
-        self.vllm_refusal_order = vllm_refusal_order
         self.refusals: list[list[Any]] = []
 
     def __getattr__(self, name: str) -> Any:
@@ -82,9 +79,6 @@ class RefusalWatcher:
                        **kwargs: Any) -> Any:
         pool = self.manager.block_pool
         free_before = pool.get_num_free_blocks()
-        if self.vllm_refusal_order and num_new_tokens > 0:
-            self.manager.coordinator.remove_skipped_blocks(request.request_id,
-                                                           request.num_computed_tokens)
         blocks = self.manager.allocate_slots(request, num_new_tokens, *args, **kwargs)
         if blocks is None and pool.get_num_free_blocks() != free_before:
             self.refusals.append([request.request_id,
@@ -112,8 +106,7 @@ class Engine:
     """A scheduler, the workload's request stream and model: ``step()`` is one engine step."""
 
     def __init__(self, workload: Workload, scheduler: Any,
-                 block_hasher: Callable[[Any], list[Any]],
-                 vllm_refusal_order: bool = False) -> None:
+                 block_hasher: Callable[[Any], list[Any]]) -> None:
         self.workload = workload
         self.scheduler = scheduler
         self.publisher = RecordingPublisher()
@@ -121,7 +114,7 @@ class Engine:
         self.manager = scheduler.kv_cache_manager
         self.watcher: RefusalWatcher | None = None
         if workload.sliding_window is not None:
-            self.watcher = RefusalWatcher(self.manager, vllm_refusal_order)
+            self.watcher = RefusalWatcher(self.manager)
             scheduler.kv_cache_manager = self.watcher
         self.stream = RequestStream(workload, block_hasher)
         self.model = SimulatedModel(workload.seed, workload.eos_rate)
@@ -257,13 +250,12 @@ def empty_table_entries(manager: Any) -> int:
                for blocks in single.req_to_blocks.values())
 
 
-def run_trace(workload: Workload, vllm_refusal_order: bool = False) -> dict[str, Any]:
+def run_trace(workload: Workload) -> dict[str, Any]:
     """Every step of ``workload`` on a scheduler built now: ``{"manager": module of the
-    KV-cache manager class, "steps": [StepRecord, ...]}`` (``vllm_refusal_order``: see
-    ``RefusalWatcher``)."""
+    KV-cache manager class, "steps": [StepRecord, ...]}``."""
     with tempfile.TemporaryDirectory(prefix="kvspec-loop-") as tmp:
         scheduler = build_scheduler(workload, Path(tmp) / "model")
-        engine = Engine(workload, scheduler, request_block_hasher(), vllm_refusal_order)
+        engine = Engine(workload, scheduler, request_block_hasher())
         steps = [engine.step() for _ in range(workload.steps)]
     return {"manager": type(engine.manager).__module__, "steps": steps}
 
@@ -301,6 +293,28 @@ def first_difference(ours: Sequence[StepRecord], theirs: Sequence[StepRecord],
     return None
 
 
+def comparison_counts(ours: Sequence[StepRecord], theirs: Sequence[StepRecord],
+                      explained: Explained | None = None) -> dict[str, int]:
+    """What comparing two traces step by step covers: ``steps`` compared (every step of
+    both, when they are as long), ``events`` (KV events) and ``tables`` (block-table rows of
+    running requests) compared, and ``differences``: the steps that differ in some key,
+    ``explained`` ones (``explained(a, b)`` names every differing key) counted apart."""
+    counts = dict.fromkeys(("steps", "events", "tables", "differences", "explained"), 0)
+    for a, b in zip(ours, theirs, strict=False):
+        counts["steps"] += 1
+        counts["events"] += max(len(a.get("kv_events", ())), len(b.get("kv_events", ())))
+        counts["tables"] += max(len(a.get("tables", ())), len(b.get("tables", ())))
+        if a == b:
+            continue
+        keys = {k for k in (*a, *b) if a.get(k) != b.get(k)}
+        if explained is not None and keys <= explained(a, b):
+            counts["explained"] += 1
+        else:
+            counts["differences"] += 1
+    counts["differences"] += abs(len(ours) - len(theirs))
+    return counts
+
+
 def summary(steps: Sequence[StepRecord]) -> dict[str, int]:
     """How much of each kind the trace exercised (the test checks the workloads do)."""
     counts = dict.fromkeys(("steps scheduled", "prefix-cache hit tokens", "chunked prefills",
@@ -335,9 +349,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="vllm: vLLM's own KV-cache manager; kvspec: through its plugin")
     parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
     parser.add_argument("--out", required=True, help="write the traces here (JSON)")
-    parser.add_argument("--vllm-refusal-order", action="store_true",
-                        help="also trace each sliding-window workload with vLLM 0.13's order "
-                             "of freeing before a refusal, as NAME+vllm-refusal-order")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     importlib.import_module("vllm.v1.core.sched.scheduler")  # before the plugin, as in vLLM
@@ -352,10 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             plant(mutant)
     traces = {}
     for name in args.workloads.split(","):
-        workload = ALL_WORKLOADS[name]
-        traces[name] = run_trace(workload)
-        if args.vllm_refusal_order and workload.sliding_window is not None:
-            traces[f"{name}{VLLM_REFUSAL_ORDER}"] = run_trace(workload, vllm_refusal_order=True)
+        traces[name] = run_trace(ALL_WORKLOADS[name])
     Path(args.out).write_text(json.dumps(traces))
     return 0
 

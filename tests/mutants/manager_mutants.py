@@ -199,17 +199,39 @@ def max_model_len_ignored() -> None:
     replace(kvm.KVCacheManager, "allocate_slots", allocate_slots)
 
 
-def skipped_blocks_freed_on_refusal() -> None:
-    """allocate_slots frees the out-of-window blocks before its capacity check, so a refused
-    allocation (None) still changes the pool (vLLM 0.13's order)."""
+class _SkippedKeptOnRefusal:
+    """A coordinator seen through ``allocate_slots``: stage 1 (``remove_skipped_blocks``) is
+    put off until stage 3 or 4 runs, so a call that returns None never frees anything."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+        self.pending: tuple[str, int] | None = None
+
+    def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int
+                                        ) -> None:
+        self.pending = (request_id, num_computed_tokens)
+
+    def __getattr__(self, name: str) -> Any:
+        stage_3_or_4 = ("save_new_computed_blocks_unchecked", "allocate_new_blocks_unchecked")
+        if name in stage_3_or_4 and self.pending is not None:
+            self.coordinator.remove_skipped_blocks_unchecked(*self.pending)
+            self.pending = None
+        return getattr(self.coordinator, name)
+
+
+def skipped_blocks_kept_on_refusal() -> None:
+    """allocate_slots, short of free blocks, returns None without freeing the request's
+    blocks that left the window (kvspec's order before D7 was decided; vLLM 0.13 and 0.33
+    free them first): the free queue's order, and later block ids, part from vLLM's."""
     original = kvm.KVCacheManager.allocate_slots
 
-    def allocate_slots(self: kvm.KVCacheManager, request: Any, num_new_tokens: int,
-                       *args: Any, **kwargs: Any) -> Any:
-        if num_new_tokens > 0:
-            self.coordinator.remove_skipped_blocks(request.request_id,
-                                                   request.num_computed_tokens)
-        return original(self, request, num_new_tokens, *args, **kwargs)
+    def allocate_slots(self: kvm.KVCacheManager, *args: Any, **kwargs: Any) -> Any:
+        coordinator = self.coordinator
+        self.coordinator = _SkippedKeptOnRefusal(coordinator)  # type: ignore[assignment]
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.coordinator = coordinator
     replace(kvm.KVCacheManager, "allocate_slots", allocate_slots)
 
 
@@ -257,7 +279,8 @@ MUTANTS: list[Mutant] = [
     _mutant("manager_sliding_window_run_not_reset", sliding_window_run_not_reset),
     _mutant("manager_common_prefix_counts_shared_blocks", common_prefix_counts_shared_blocks),
     _mutant("manager_max_model_len_ignored", max_model_len_ignored),
-    _mutant("manager_skipped_blocks_freed_on_refusal", skipped_blocks_freed_on_refusal),
+    _mutant("manager_skipped_blocks_kept_on_refusal", skipped_blocks_kept_on_refusal,
+            killed_by="refusal_frees_only_skipped_blocks"),
     _mutant("manager_eagle_block_kept", eagle_block_kept),
     _mutant("manager_request_hash_ignores_salt", request_hash_ignores_salt,
             killed_by="block_hashes_match_spec"),
