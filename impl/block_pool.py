@@ -51,22 +51,24 @@ LoRA id, and the caching hot path the work of storing them, to serve only the ra
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice, repeat, takewhile
 from operator import attrgetter, truth
-from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, SupportsIndex, overload
 
 from mypy_extensions import mypyc_attr
 
 from kvspec.impl import host_types
-from kvspec.impl.checks import BlockLike, Flag, HashBytes, as_int
+from kvspec.impl.checks import BlockLike, Flag, HashBytes, Text, as_int
 from kvspec.impl.errors import (
     BlockAlreadyCachedError as BlockAlreadyCachedError,
     BlockNotCachedError as BlockNotCachedError,
     BlockNotInPoolError as BlockNotInPoolError,
     BlockNotInUseError as BlockNotInUseError,
     BlockNotPinnedError as BlockNotPinnedError,
+    BlockOwnershipError as BlockOwnershipError,
     BlockPoolError as BlockPoolError,
     ClockWentBackError as ClockWentBackError,
     InvalidBlockCountError as InvalidBlockCountError,
@@ -83,11 +85,12 @@ from kvspec.impl.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
     BlockHashWithGroupId,
+    generate_block_hash_extra_keys,
     maybe_convert_block_hash,
 )
 from kvspec.impl.kv_cache_metrics import MetricsCollectorLike
 from kvspec.impl.kv_cache_utils import BlockOwner, FreeKVCacheBlockQueue, KVCacheBlock
-from kvspec.impl.kv_events import MEDIUM_GPU, KVCacheEvent
+from kvspec.impl.kv_events import MEDIUM_GPU, KVCacheEvent, event_classes
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Set as AbstractSet
@@ -110,6 +113,73 @@ class RequestToCache(Protocol):
 
 # Block ids are int32 in vLLM's block tables and kernels: a pool holds at most 2**31 blocks.
 MAX_NUM_GPU_BLOCKS = 2**31
+
+# The vLLM pool APIs a BlockPool serves (module docstring, vLLM 0.33).
+POOL_APIS = ("0.13", "0.33")
+_default_api: list[str] = []  # the process's choice, made once (default_pool_api)
+
+
+def pool_api_of_vllm(version: str) -> str:
+    """The pool API of a vLLM release: 0.33's for 0.33.x, 0.13's for everything else."""
+    return "0.33" if version.startswith("0.33.") or version == "0.33" else "0.13"
+
+
+def default_pool_api() -> str:
+    """The API a ``BlockPool`` built without ``vllm_api`` serves: that of the vLLM installed
+    beside kvspec (its package metadata; vLLM itself is not imported), 0.13's without one.
+    So ``kvspec.impl`` inside a vLLM 0.33 process is 0.33's pool with or without the plugin."""
+    if not _default_api:
+        try:
+            version = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            version = "0.13"
+        _default_api.append(pool_api_of_vllm(version))
+    return _default_api[0]
+
+
+def set_default_pool_api(api: Text) -> None:
+    """Make ``api`` (one of ``POOL_APIS``) the default of pools built from now on (the plugin
+    sets the running vLLM's)."""
+    if api not in POOL_APIS:
+        raise InvalidPoolConfigError(f"vllm_api must be one of {POOL_APIS}, got {api!r}")
+    _default_api[:] = [str(api)]
+
+
+def _event_extra_keys(extra_keys: list[tuple[Any, ...] | None]) -> list[Any] | None:
+    """vLLM 0.33's KV-event form of per-block tagged extra keys: untagged again (a LoRA name, a
+    salt, an ``(identifier, offset)`` pair, a prompt-embeddings digest), None for no blocks."""
+    if not extra_keys:
+        return None
+    return [None if keys is None else
+            tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
+            for keys in extra_keys]
+
+
+class _VllmEvents(NamedTuple):
+    """vLLM's own event classes, in ``kv_events.EventClasses``'s names."""
+
+    BlockStored: Any
+    BlockRemoved: Any
+    AllBlocksCleared: Any
+
+
+def _view_033(hashes: list[Any], hash_block_size: int, block_size: int) -> list[Any]:
+    """vLLM 0.33's hashes at a coarser block size: each block's is the last hash-block hash
+    inside it (it already chains over the whole prefix; 0.13 joined them all)."""
+    if block_size % hash_block_size:
+        raise InvalidBlockCountError(f"block size {block_size} is not a multiple of the hash "
+                                     f"block size {hash_block_size}")
+    scale = block_size // hash_block_size
+    return hashes[scale - 1 :: scale]
+
+
+def _first_mm_feature_ending_after(mm_features: Sequence[Any], start: int) -> int:
+    """The index of the first multimodal feature (sorted, disjoint) that ends after ``start``."""
+    for index, feature in enumerate(mm_features):
+        position = feature.mm_position
+        if position.offset + position.length > start:
+            return index
+    return len(mm_features)
 
 _GROUP_ID_SUFFIXES = tuple(gid.to_bytes(4, "big") for gid in range(256))
 _GROUP_0 = _GROUP_ID_SUFFIXES[0]
@@ -226,13 +296,36 @@ class BlockHashToBlockMap:
       ``later`` is usually empty, and then every keyed block is its key's first.
 
     The owner's seam (the pool's): it reads ``groups`` and ``later`` (never writes them)
-    and moves blocks with ``insert_unchecked`` and ``remove_unchecked``; everyone else uses
-    vLLM's checked ``get_one_block``, ``insert`` and ``pop``.
+    and moves blocks with ``insert_unchecked``, ``remove_unchecked`` and ``clear_unchecked``;
+    everyone else uses vLLM's checked ``get_one_block``, ``insert``, ``pop`` and ``clear``.
+
+    A pool's own map (``for_pool``) is read-only from outside, as the pool's free queue is:
+    ``insert``, ``pop`` and ``clear`` raise ``BlockOwnershipError`` and change nothing, while
+    reads (``get_one_block``, ``len``, ``items``, iteration, truth) work as in vLLM. An edit
+    from outside would leave the pool's own record of a block's key disagreeing with the map:
+    after a foreign ``pop`` the next ``get_new_blocks`` that evicts the block raised a bare
+    ``KeyError`` half-way through, with the pool left inconsistent.
     """
 
     def __init__(self) -> None:
         self.groups: dict[int, dict[bytes, KVCacheBlock]] = {}
         self.later: dict[tuple[int, bytes], list[KVCacheBlock]] = {}
+        self.pool_owned: bool = False
+
+    @classmethod
+    def for_pool(cls) -> BlockHashToBlockMap:
+        """A pool's own map: its public edits are refused (the pool edits it through the
+        ``..._unchecked`` seam)."""
+        cache_map = cls()
+        cache_map.pool_owned = True
+        return cache_map
+
+    def _refuse_for_pool(self, operation: str) -> None:
+        if self.pool_owned:
+            raise BlockOwnershipError(
+                f"{operation} on a BlockPool's own prefix-cache map: the pool keys and evicts "
+                f"its blocks itself (cache_full_blocks, evict_blocks, reset_prefix_cache), or "
+                f"its record of each block's key would disagree with the map")
 
     def get_one_block(self, key: HashBytes) -> KVCacheBlock | None:
         block_hash, group_id = _split_key(key)
@@ -240,6 +333,7 @@ class BlockHashToBlockMap:
         return None if group is None else group.get(block_hash)
 
     def insert(self, key: HashBytes, block: BlockLike) -> None:
+        self._refuse_for_pool("insert")
         block_hash, group_id = _split_key(key)
         if not isinstance(block, KVCacheBlock):
             raise BlockNotInPoolError(f"only a KVCacheBlock can be cached, got {block!r}")
@@ -252,6 +346,7 @@ class BlockHashToBlockMap:
         self.insert_unchecked(group_id, block_hash, block)
 
     def pop(self, key: HashBytes, block_id: SupportsIndex) -> KVCacheBlock | None:
+        self._refuse_for_pool("pop")
         block_hash, group_id = _split_key(key)
         checked_id = block_id if type(block_id) is int else as_int(block_id)
         if checked_id is None:
@@ -262,10 +357,23 @@ class BlockHashToBlockMap:
                 return block
         return None
 
+    def contain(self, key: HashBytes, block_id: SupportsIndex) -> bool:
+        """vLLM 0.33: whether ``block_id`` is among the blocks cached under ``key``."""
+        block_hash, group_id = _split_key(key)
+        checked_id = block_id if type(block_id) is int else as_int(block_id)
+        if checked_id is None:
+            raise BlockNotInPoolError(f"block id must be an int, got {block_id!r}")
+        return any(b.block_id == checked_id for b in self._blocks(group_id, block_hash))
+
     def __len__(self) -> int:
         return sum(len(group) for group in self.groups.values())
 
     def clear(self) -> None:
+        self._refuse_for_pool("clear")
+        self.clear_unchecked()
+
+    def clear_unchecked(self) -> None:
+        """Forget every key. The owner's seam (``reset_prefix_cache``)."""
         self.groups.clear()
         self.later.clear()
 
@@ -280,12 +388,13 @@ class BlockHashToBlockMap:
         """``check_representation()``, by its former name."""
         self.check_representation()
 
-    def check_representation(self) -> None:
+    def check_representation(self, multi_key_blocks: Collection[KVCacheBlock] = ()) -> None:
         """The representation invariant, for tests and debugging (O(blocks)); raises an
         ``AssertionError`` naming the broken property. No ``assert``: it runs under -O.
 
         Every ``later`` list extends a key that has a first block, and is not empty; no
-        block is cached twice (under one key or two)."""
+        block is cached twice under one key, nor under two unless it is one of
+        ``multi_key_blocks`` (vLLM 0.33's blocks with partial entries, the pool says which)."""
         for group_id, group in self.groups.items():
             if type(group_id) is not int or not 0 <= group_id < 2**32:
                 raise AssertionError(f"hash map: group id {group_id!r} is not a 4-byte int")
@@ -302,9 +411,11 @@ class BlockHashToBlockMap:
                                      f"{block_hash!r}, which has no first block")
         seen: set[KVCacheBlock] = set()
         for _, blocks in self.items():
+            under_key: set[KVCacheBlock] = set()
             for block in blocks:
-                if block in seen:
+                if block in under_key or (block in seen and block not in multi_key_blocks):
                     raise AssertionError(f"hash map: block {block.block_id} is cached twice")
+                under_key.add(block)
                 seen.add(block)
 
     def _blocks(self, group_id: int, block_hash: bytes) -> list[KVCacheBlock]:
@@ -389,9 +500,12 @@ class BlockPool(BlockOwner):
         hash_block_size: SupportsIndex,
         enable_kv_cache_events: Flag = False,
         metrics_collector: MetricsCollectorLike | None = None,
+        num_hash_lookahead_tokens: SupportsIndex = 0,
+        medium: Text = MEDIUM_GPU,
         *,
         max_pending_kv_events: SupportsIndex | None = None,
         eviction_policy: EvictionPolicy | None = None,
+        vllm_api: Text | None = None,
     ) -> None:
         num_blocks = as_int(num_gpu_blocks)
         if num_blocks is None or not 1 <= num_blocks <= MAX_NUM_GPU_BLOCKS:
@@ -408,6 +522,20 @@ class BlockPool(BlockOwner):
         if eviction_policy is not None and not isinstance(eviction_policy, EvictionPolicy):
             raise InvalidPoolConfigError(
                 f"eviction_policy must be None or an EvictionPolicy, got {eviction_policy!r}")
+        # vLLM 0.33's managers pass their use_eagle flag here (True: one lookahead token).
+        lookahead = (int(num_hash_lookahead_tokens) if type(num_hash_lookahead_tokens) is bool
+                     else as_int(num_hash_lookahead_tokens))
+        if lookahead is None or lookahead < 0:
+            raise InvalidPoolConfigError(f"num_hash_lookahead_tokens must be an int >= 0, got "
+                                         f"{num_hash_lookahead_tokens!r}")
+        if type(medium) is not str:
+            raise InvalidPoolConfigError(f"medium must be a str, got {medium!r}")
+        api = default_pool_api() if vllm_api is None else vllm_api
+        if api not in POOL_APIS:
+            raise InvalidPoolConfigError(f"vllm_api must be one of {POOL_APIS}, got {vllm_api!r}")
+        if api == "0.13" and (lookahead or medium != MEDIUM_GPU):
+            raise InvalidPoolConfigError(
+                "num_hash_lookahead_tokens and medium are vLLM 0.33's; this pool serves 0.13")
         try:
             objects: list[KVCacheBlock | None] = [None] * num_blocks
         except MemoryError:
@@ -419,6 +547,18 @@ class BlockPool(BlockOwner):
         self.hash_block_size: int = block_size
         self.enable_kv_cache_events = events
         self.metrics_collector = collector
+        self.num_hash_lookahead_tokens: int = lookahead
+        self.medium: str = medium
+        # Which vLLM's pool this is (module docstring, vLLM 0.33): 0.13's code paths never
+        # read anything below but this flag.
+        self.vllm_api: str = api
+        self._v033 = api == "0.33"
+        # vLLM 0.33's multi-key blocks: block id -> the keys (hash + group id) it is cached
+        # under besides its primary one (partial entries); public, as vLLM's offloading reads it.
+        self.cached_block_hashes_by_block: dict[int, set[BlockHashWithGroupId]] = {}
+        self._tokens_of: dict[KVCacheBlock, int] = {}  # 0.33: prefix tokens a primary key covers
+        # 0.33's unpin_blocks: block id -> the callback to run when the block is reused.
+        self._reuse_watchers: dict[int, Callable[[KVCacheBlock], object]] = {}
         # The bound on pending events (None: unbounded); module docstring, Bounded events.
         self.max_pending_kv_events: int | None = event_bound
         self.num_kv_event_collapses = 0
@@ -429,7 +569,7 @@ class BlockPool(BlockOwner):
         self._objects[0] = self.null_block
         self.blocks: Sequence[KVCacheBlock] = _LazyBlocks(self, objects)
         self.free_block_queue = FreeKVCacheBlockQueue.for_pool(1, num_blocks, self._materialize)
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hash_to_block = BlockHashToBlockMap.for_pool()
         self._groups = self.cached_block_hash_to_block.groups
         self._in_use: set[KVCacheBlock] = set()
         self._shared: set[KVCacheBlock] = set()  # ref >= 2; block.extra_refs = ref - 1
@@ -480,6 +620,26 @@ class BlockPool(BlockOwner):
             return None
         group_id = self._group_of.get(owned, 0)
         return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
+
+    def block_hash_num_tokens_of(self, block: BlockLike) -> int | None:
+        """The prefix length its primary key covers, for one of this pool's blocks (vLLM
+        0.33's ``block_hash_num_tokens``; a 0.13 pool records none)."""
+        return self._tokens_of.get(self._own(block))
+
+    def set_ref_count(self, block: BlockLike, value: SupportsIndex) -> None:
+        """``block.ref_cnt = value``: a 0.33 pool takes a new count >= 1 for a block in use
+        (0.33's managers add the reference of a copy-on-write pair that way); anything else,
+        and anything on a 0.13 pool, is refused (the pool moves its blocks itself)."""
+        owned = self._own(block)
+        count = value if type(value) is int else as_int(value)
+        if self._v033 and count is not None and count >= 1 and owned in self._in_use:
+            owned.extra_refs = count - 1
+            if count > 1:
+                self._shared.add(owned)
+            else:
+                self._shared.discard(owned)
+            return
+        super().set_ref_count(block, value)
 
     @property
     def cached_blocks(self) -> Collection[KVCacheBlock]:
@@ -570,8 +730,11 @@ class BlockPool(BlockOwner):
         num_full_blocks: SupportsIndex,
         block_size: SupportsIndex,
         kv_cache_group_id: SupportsIndex,
+        block_mask: Sequence[bool] | None = None,
     ) -> None:
         """Key blocks[num_cached_blocks:num_full_blocks] with the request's chain hashes.
+
+        ``block_mask`` (vLLM 0.33) leaves out the blocks where it is False, as null blocks are.
 
         Everything is read and checked, and the event built, before the first key is set."""
         first = _check_count("num_cached_blocks", num_cached_blocks)
@@ -604,10 +767,17 @@ class BlockPool(BlockOwner):
             return
         hashes: Sequence[BlockHash] | BlockHashListWithBlockSize = request_hashes
         if size != self.hash_block_size:
-            hashes = BlockHashListWithBlockSize(request_hashes, self.hash_block_size, size)
+            hashes = (_view_033(request_hashes, self.hash_block_size, size) if self._v033
+                      else BlockHashListWithBlockSize(request_hashes, self.hash_block_size, size))
         if end > len(hashes):
             raise InvalidBlockHashError(
                 f"cannot cache blocks [{first}, {end}) with {len(hashes)} block hashes")
+        if self._v033:
+            self._cache_full_blocks_033(request, block_list, first, end, size, group_id,
+                                        hashes, block_mask)
+            return
+        if block_mask is not None:
+            raise InvalidPoolConfigError("block_mask is vLLM 0.33's; this pool serves 0.13")
         new_hashes = hashes[first:end]
         if type(new_hashes) is not list:
             new_hashes = list(new_hashes)
@@ -710,6 +880,8 @@ class BlockPool(BlockOwner):
         policy = self._policy
         blocks = (self.free_block_queue.take_unchecked(count) if policy is None
                   else policy.take(count))
+        if self._reuse_watchers:
+            self._notify_reuse(blocks)
         key_of = self._key_of
         if key_of and not key_of.keys().isdisjoint(blocks):
             self._evict_all(list(filter(key_of.__contains__, blocks)))
@@ -724,6 +896,10 @@ class BlockPool(BlockOwner):
 
     def _evict_all(self, keyed: list[KVCacheBlock]) -> None:
         """Drop the keys of keyed blocks (each has one) from the blocks and from the map."""
+        if self._v033:
+            for block in keyed:
+                self._removed_events(self._remove_keys(block))
+            return
         hashes = list(map(self._key_of.pop, keyed))
         if self._policy is not None:
             self._policy.uncached(keyed)
@@ -827,6 +1003,11 @@ class BlockPool(BlockOwner):
         if not _is_subset(blocks, in_use):
             null = self.null_block
             blocks = [b for b in blocks if b is not null]
+            if self._v033:
+                foreign = self._foreign_blocks(blocks)
+                if foreign:
+                    self._free_and_forward(blocks, foreign)
+                    return
             self._check_owned(blocks)
             if not in_use.issuperset(blocks):
                 stranger = next(b for b in blocks if b not in in_use)
@@ -856,10 +1037,20 @@ class BlockPool(BlockOwner):
     def _release(self, zeroed: list[KVCacheBlock]) -> None:
         """Blocks that reached ref 0 (in that order) join the free queue where the policy
         puts them (LRU: the tail)."""
-        if self._policy is None:
-            self.free_block_queue.extend_unchecked(zeroed)
-        else:
+        if self._policy is not None:
             self._policy.freed(zeroed)
+        elif not self._v033:
+            self.free_block_queue.extend_unchecked(zeroed)
+        elif not self.enable_caching:  # vLLM 0.33: every block LIFO (reused first)
+            self.free_block_queue.prepend_unchecked(zeroed)
+        else:  # vLLM 0.33: unkeyed blocks to the head (LIFO), keyed ones to the tail (LRU)
+            key_of = self._key_of
+            if key_of.keys().isdisjoint(zeroed):
+                self.free_block_queue.prepend_unchecked(zeroed)
+            else:
+                self.free_block_queue.prepend_unchecked(
+                    [b for b in zeroed if b not in key_of])
+                self.free_block_queue.extend_unchecked(list(filter(key_of.__contains__, zeroed)))
 
     def _free_one_by_one(self, blocks: list[KVCacheBlock]) -> None:
         """free_blocks() when a block is listed twice: each listing drops one reference."""
@@ -906,15 +1097,23 @@ class BlockPool(BlockOwner):
                 num_used - 1,
             )
             return False
-        self.cached_block_hash_to_block.clear()
+        self.cached_block_hash_to_block.clear_unchecked()
         self._key_of.clear()
         self._group_of.clear()
+        if self._v033:
+            self.cached_block_hashes_by_block.clear()
+            self._tokens_of.clear()
+            if self._reuse_watchers:
+                self._notify_reuse([self._block(i) for i in list(self._reuse_watchers)])
+            logger.info("Successfully reset prefix cache")
         if self._policy is not None:
             self._policy.reset()
         if self.metrics_collector is not None:
             self.metrics_collector.reset()
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(host_types.AllBlocksCleared())
+            cleared = (self._events_033().AllBlocksCleared if self._v033
+                       else host_types.AllBlocksCleared)
+            self.kv_event_queue.append(cleared())
             if self.max_pending_kv_events is not None:
                 self._bound_kv_events()
         return True
@@ -962,11 +1161,16 @@ class BlockPool(BlockOwner):
         if not self._group_of.keys() <= self._key_of.keys() or 0 in self._group_of.values():
             raise AssertionError("block pool: _group_of lists a block without a key, or group 0")
         cache_map = self.cached_block_hash_to_block
-        cache_map.check_representation()
+        by_block = self.cached_block_hashes_by_block
+        multi_key = [self._objects[i] for i in by_block if 0 <= i < self.num_gpu_blocks]
+        cache_map.check_representation(
+            {b for b in multi_key if b is not None} if by_block else ())
+        self._check_033_state()
         mapped: dict[KVCacheBlock, bytes] = {}
         for key, blocks in cache_map.items():
             for block in blocks:
-                mapped[block] = key
+                if block.block_id not in by_block or key not in by_block[block.block_id]:
+                    mapped[block] = key
         if mapped.keys() != self._key_of.keys():
             raise AssertionError(f"block pool: the map holds blocks "
                                  f"{sorted(b.block_id for b in mapped)} but _key_of keys "
@@ -1050,8 +1254,17 @@ class BlockPool(BlockOwner):
         self.touch(blocks)
         pinned.update(blocks)
 
-    def unpin_blocks(self, block_ids: Iterable[SupportsIndex]) -> None:
-        """Drop pins: each releases its reference (a block reaching 0 becomes free)."""
+    def unpin_blocks(self, block_ids: Iterable[Any],
+                     on_reuse: Callable[[KVCacheBlock], object] | None = None) -> None:
+        """Drop pins: each releases its reference (a block reaching 0 becomes free).
+
+        With ``on_reuse``, vLLM 0.33's ``unpin_blocks(blocks, on_reuse)`` instead: blocks (not
+        ids) drop a reference, those reaching 0 join the tail of the free queue while they
+        stay readable, and ``on_reuse(block)`` runs when the pool hands the block out again
+        or the prefix cache is reset."""
+        if on_reuse is not None:
+            self._unpin_watched(block_ids, on_reuse)
+            return
         policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
         blocks = self._policy_blocks(block_ids, once=True)
         pinned = policy.pinned
@@ -1060,6 +1273,404 @@ class BlockPool(BlockOwner):
                 raise BlockNotPinnedError(f"block {block.block_id} is not pinned")
         pinned.difference_update(blocks)
         self.free_blocks(blocks)
+
+    # -- vLLM 0.33's pool operations (vllm_api="0.33"; module docstring) -----------------
+
+    def _check_033_state(self) -> None:
+        """The 0.33 part of the representation invariant: partial entries and token counts
+        belong to keyed blocks only (a partial key never outlives its block's primary key),
+        watchers to blocks of the pool, and a 0.13 pool has none of them."""
+        if not self._v033 and (self.cached_block_hashes_by_block or self._tokens_of
+                               or self._reuse_watchers):
+            raise AssertionError("block pool: 0.33 state in a vLLM 0.13 pool")
+        for block_id, keys in self.cached_block_hashes_by_block.items():
+            block = self._objects[block_id] if 0 <= block_id < self.num_gpu_blocks else None
+            if block is None or block not in self._key_of or not keys:
+                raise AssertionError(f"block pool: partial keys of block {block_id}, which "
+                                     f"has no primary key")
+            for key in keys:
+                block_hash, group_id = key[:-4], int.from_bytes(key[-4:], "big")
+                if not any(b is block for b in
+                           self.cached_block_hash_to_block._blocks(group_id, block_hash)):
+                    raise AssertionError(f"block pool: partial key {key!r} of block "
+                                         f"{block_id} is not in the map")
+        if not self._tokens_of.keys() <= self._key_of.keys():
+            raise AssertionError("block pool: a token count for a block without a key")
+        if any(not 0 < i < self.num_gpu_blocks for i in self._reuse_watchers):
+            raise AssertionError("block pool: a reuse watcher on a block outside the pool")
+
+    def _require_033(self, operation: str) -> None:
+        if not self._v033:
+            raise PolicyNotSupportedError(f"{operation} is vLLM 0.33's; this pool serves 0.13")
+        if self._policy is not None:
+            raise PolicyNotSupportedError(
+                f"{operation} moves keys between blocks, which the pool's eviction policy "
+                f"{self._policy.name!r} does not follow")
+
+    def _remove_keys(self, block: KVCacheBlock) -> list[tuple[int, bytes]]:
+        """Drop every key of ``block`` (its primary key, then its partial entries) from the
+        block and the map; returns them as (group id, block hash)."""
+        block_hash = self._key_of.pop(block, None)
+        if block_hash is None:
+            return []
+        group_id = self._group_of.pop(block, 0)
+        self._tokens_of.pop(block, None)
+        cache_map = self.cached_block_hash_to_block
+        cache_map.remove_unchecked(group_id, block_hash, block)
+        removed = [(group_id, block_hash)]
+        extra = (self.cached_block_hashes_by_block.pop(block.block_id, None)
+                 if self.cached_block_hashes_by_block else None)
+        if extra:
+            for key in extra:
+                other_hash, other_group = key[:-4], int.from_bytes(key[-4:], "big")
+                cache_map.remove_unchecked(other_group, other_hash, block)
+                removed.append((other_group, other_hash))
+        if self._policy is not None:
+            self._policy.uncached([block])
+        return removed
+
+    def _events_033(self) -> Any:
+        """The classes of 0.33's events: vLLM's own inside vLLM (``host_types``), else impl's
+        map-encoded 0.33 family (``kv_events.event_classes``)."""
+        if host_types.bound_to() == "vllm":
+            return _VllmEvents(host_types.BlockStored, host_types.BlockRemoved,
+                               host_types.AllBlocksCleared)
+        return event_classes("vllm-0.33")
+
+    def _removed_events(self, removed: list[tuple[int, bytes]]) -> None:
+        """One 0.33 ``BlockRemoved`` per key, with its group."""
+        if not self.enable_kv_cache_events or not removed:
+            return
+        event, medium = self._events_033().BlockRemoved, self.medium
+        self.kv_event_queue.extend(
+            event(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
+                  medium=medium, group_idx=group_id)
+            for group_id, block_hash in removed)
+        if self.max_pending_kv_events is not None:
+            self._bound_kv_events()
+
+    def _insert_key(self, group_id: int, block_hash: bytes, block: KVCacheBlock,
+                    num_tokens: int | None) -> None:
+        """Cache ``block`` under the key: its primary key (with ``num_tokens``) if it has none,
+        else a partial entry; nothing when it is already cached under it."""
+        primary = self._key_of.get(block)
+        if primary is None:
+            self._key_of[block] = block_hash
+            if group_id:
+                self._group_of[block] = group_id
+            if num_tokens is not None:
+                self._tokens_of[block] = num_tokens
+        else:
+            if primary == block_hash and self._group_of.get(block, 0) == group_id:
+                return
+            key = BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
+            extra = self.cached_block_hashes_by_block.get(block.block_id)
+            if extra is None:
+                self.cached_block_hashes_by_block[block.block_id] = {key}
+            elif key in extra:
+                return
+            else:
+                extra.add(key)
+        self.cached_block_hash_to_block.insert_unchecked(group_id, block_hash, block)
+
+    def _insert_block_hash(self, block_hash_with_group_id: HashBytes, block: BlockLike,
+                           num_tokens: SupportsIndex | None) -> None:
+        """vLLM 0.33's name, which its CPU-offloading manager calls: cache ``block`` under the
+        key (primary key or partial entry), no event."""
+        self._require_033("_insert_block_hash")
+        block_hash, group_id = _split_key(block_hash_with_group_id)
+        owned = self._own(block)
+        if owned is self.null_block:
+            raise BlockNotInPoolError("the null block is never cached")
+        tokens = None if num_tokens is None else _check_count("num_tokens", num_tokens)
+        self._insert_key(_check_group_id(group_id), block_hash, owned, tokens)
+
+    def _maybe_evict_cached_block(self, block: BlockLike) -> bool:
+        """vLLM 0.33's name, which its Mamba manager calls: drop every key of ``block`` (with
+        their events); whether it had any."""
+        owned = self._own(block)
+        if self.metrics_collector is not None:
+            self.metrics_collector.on_block_evicted(owned)
+        removed = self._remove_keys(owned)
+        self._removed_events(removed)
+        return bool(removed)
+
+    def _notify_reuse(self, blocks: Iterable[KVCacheBlock]) -> None:
+        watchers = self._reuse_watchers
+        for block in blocks:
+            watcher = watchers.pop(block.block_id, None)
+            if watcher is not None:
+                watcher(block)
+
+    def _foreign_blocks(self, blocks: list[Any]) -> dict[Any, list[Any]]:
+        """vLLM 0.33: the blocks another pool owns, by pool (a null block of any pool is
+        skipped). Empty when all are this pool's, the common case."""
+        foreign: dict[Any, list[Any]] = {}
+        for block in blocks:
+            pool = getattr(block, "pool", None)
+            if pool is not None and pool is not self and callable(
+                    getattr(pool, "free_blocks", None)):
+                foreign.setdefault(pool, []).append(block)
+        return foreign
+
+    def _free_and_forward(self, blocks: list[Any], foreign: dict[Any, list[Any]]) -> None:
+        """free_blocks() with other pools' blocks: this pool's first, then each other pool's
+        list, forwarded to it in order (vLLM 0.33's multi-pool deferred frees)."""
+        strangers = {id(b) for listed in foreign.values() for b in listed}
+        own = [b for b in blocks if id(b) not in strangers
+               and getattr(b, "is_null", False) is not True]
+        self.free_blocks(own)
+        for pool, listed in foreign.items():
+            pool.free_blocks([b for b in listed if getattr(b, "is_null", False) is not True])
+
+    def _unpin_watched(self, blocks: Iterable[Any],
+                       on_reuse: Callable[[KVCacheBlock], object]) -> None:
+        """vLLM 0.33's unpin_blocks(blocks, on_reuse) (see unpin_blocks)."""
+        listed: list[Any] = _listed(blocks, "blocks")
+        if not callable(on_reuse):
+            raise InvalidPoolConfigError(f"on_reuse must be callable, got {on_reuse!r}")
+        self._check_owned(listed)
+        counts: dict[KVCacheBlock, int] = {}
+        for block in listed:
+            counts[block] = counts.get(block, 0) + 1
+        for block, times in counts.items():
+            if block is self.null_block or self._ref_count(block) < times:
+                raise BlockNotInUseError(f"block {block.block_id} is unpinned with ref count "
+                                         f"{self._ref_count(block)}")
+        released = []
+        in_use, shared, watchers = self._in_use, self._shared, self._reuse_watchers
+        for block in listed:
+            if block.extra_refs:
+                block.extra_refs -= 1
+                if not block.extra_refs:
+                    shared.discard(block)
+            else:
+                in_use.discard(block)
+                released.append(block)
+            watchers[block.block_id] = on_reuse
+        if self._policy is not None:
+            self._policy.freed(released)
+        else:
+            self.free_block_queue.extend_unchecked(released)
+
+    def is_block_writable(self, block: BlockLike) -> bool:
+        """vLLM 0.33: whether its sole owner may write the block (ref count 1, no key)."""
+        if block is self.null_block:
+            return False
+        owned = self._own(block)
+        return self._ref_count(owned) == 1 and owned not in self._key_of
+
+    def move_block_hashes(self, src_block: BlockLike, dst_block: BlockLike) -> None:
+        """vLLM 0.33's copy-on-write: every key of ``src_block`` moves to ``dst_block`` (the
+        private copy), which has none; the entries stay live and no event is sent."""
+        self._require_033("move_block_hashes")
+        src, dst = self._own(src_block), self._own(dst_block)
+        null = self.null_block
+        if src is null or dst is null:
+            raise BlockNotInPoolError("the null block holds no keys")
+        if dst in self._key_of or dst.block_id in self.cached_block_hashes_by_block:
+            raise BlockAlreadyCachedError(
+                f"block {dst.block_id} already has a key {dst.block_hash!r}")
+        num_tokens = self._tokens_of.get(src)
+        for group_id, block_hash in self._remove_keys(src):
+            self._insert_key(group_id, block_hash, dst, num_tokens)
+
+    def _event_keys(self, request: Any, start: int, end: int, mm_idx: int
+                    ) -> tuple[tuple[Any, ...] | None, int]:
+        """The tagged extra keys of tokens [start, end) for an event (with the lookahead
+        tokens when the pool hashes them) and the next block's multimodal index."""
+        lookahead = self.num_hash_lookahead_tokens
+        if not lookahead:
+            return generate_block_hash_extra_keys(request, start, end, mm_idx)
+        keys, next_idx = generate_block_hash_extra_keys(request, start, end + lookahead, mm_idx)
+        features = request.mm_features
+        while next_idx > 0:  # rewind to the features that reach into the next block
+            position = features[next_idx - 1].mm_position
+            if position.offset + position.length <= end:
+                break
+            next_idx -= 1
+        return keys, next_idx
+
+    def _stored_event_033(self, request: Any, block_hashes: list[Any], parent: Any,
+                          start: int, end: int, block_size: int, group_id: int,
+                          extra_keys: list[tuple[Any, ...] | None],
+                          lookahead_token_ids: list[list[int]] | None) -> Any:
+        """vLLM 0.33's ``BlockStored``, with its optional fields."""
+        lora = request.lora_request
+        return self._events_033().BlockStored(
+            block_hashes=block_hashes,
+            parent_block_hash=parent,
+            token_ids=list(request.all_token_ids[start:end]),
+            block_size=block_size,
+            lora_id=None if lora is None else lora.adapter_id,
+            medium=self.medium,
+            lora_name=None if lora is None else lora.name,
+            extra_keys=_event_extra_keys(extra_keys),
+            group_idx=group_id,
+            session_id=getattr(request, "session_id", None),
+            lookahead_token_ids=lookahead_token_ids,
+        )
+
+    def _lookahead_ids(self, request: Any, end: int) -> list[int]:
+        return list(request.all_token_ids[end : end + self.num_hash_lookahead_tokens])
+
+    def _cache_full_blocks_033(
+        self, request: Any, block_list: list[Any], first: int, end: int, size: int,
+        group_id: int, hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
+        block_mask: Sequence[bool] | None,
+    ) -> None:
+        """cache_full_blocks() of a 0.33 pool: null and masked-out blocks skipped, a block
+        keyed by a shorter (partial) prefix promoted to its full key, 0.33's events."""
+        new_blocks = block_list[first:end]
+        if block_mask is not None:
+            mask = _listed(block_mask, "block_mask")
+            if len(mask) != len(new_blocks):
+                raise InvalidBlockListError(f"block_mask has {len(mask)} entries for "
+                                            f"{len(new_blocks)} blocks")
+        null = self.null_block
+        kept = [i for i, b in enumerate(new_blocks)
+                if b is not null and (block_mask is None or mask[i])]
+        key_of, tokens_of = self._key_of, self._tokens_of
+        seen: set[KVCacheBlock] = set()
+        for i in kept:
+            block = new_blocks[i]
+            if block in seen:
+                raise BlockAlreadyCachedError(f"block {block.block_id} appears twice")
+            seen.add(block)
+            if block in key_of:
+                covered = tokens_of.get(block)
+                if covered is None or covered >= (first + i + 1) * size:
+                    raise BlockAlreadyCachedError(
+                        f"block {block.block_id} already has a key {block.block_hash!r}")
+            if type(hashes[first + i]) is not bytes:
+                raise InvalidBlockHashError(f"block hash must be bytes, got "
+                                            f"{hashes[first + i]!r}")
+        if not kept:
+            return
+        stored = None
+        if self.enable_kv_cache_events:
+            extra_keys: list[tuple[Any, ...] | None] = []
+            lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
+            mm_idx = 0
+            for i in kept:
+                start = (first + i) * size
+                keys, mm_idx = self._event_keys(request, start, start + size, mm_idx)
+                extra_keys.append(keys)
+                if lookahead is not None:
+                    lookahead.append(self._lookahead_ids(request, start + size))
+            parent = None if first == 0 else maybe_convert_block_hash(hashes[first - 1])
+            stored = self._stored_event_033(
+                request, [maybe_convert_block_hash(hashes[first + i]) for i in kept], parent,
+                first * size, end * size, size, group_id, extra_keys, lookahead)
+        # Nothing has changed yet; from here on nothing can fail.
+        for i in kept:
+            block = new_blocks[i]
+            if block in key_of:  # a partial entry's block, now full: its keys go first
+                self._removed_events(self._remove_keys(block))
+            self._insert_key(group_id, hashes[first + i], block, (first + i + 1) * size)
+        if stored is not None:
+            self.kv_event_queue.append(stored)
+            self._stored_block_sizes[group_id] = size
+            if self.max_pending_kv_events is not None:
+                self._bound_kv_events()
+
+    def emit_cached_block_events(self, request: RequestToCache, num_cached_blocks: SupportsIndex,
+                                 block_size: SupportsIndex, kv_cache_group_id: SupportsIndex
+                                 ) -> None:
+        """vLLM 0.33's "full" report mode: one ``BlockStored`` for the request's first
+        ``num_cached_blocks`` blocks, hit in the prefix cache; the pool does not change."""
+        count = _check_count("num_cached_blocks", num_cached_blocks)
+        size = _check_count("block_size", block_size, 1)
+        group_id = _check_group_id(kv_cache_group_id)
+        if not self.enable_kv_cache_events or count == 0:
+            return
+        request_hashes = list(getattr(request, "block_hashes", ()))
+        hashes: Sequence[BlockHash] = request_hashes
+        if size != self.hash_block_size:
+            hashes = _view_033(request_hashes, self.hash_block_size, size)
+        if count > len(hashes):
+            raise InvalidBlockHashError(
+                f"cannot report {count} cached blocks with {len(hashes)} block hashes")
+        extra_keys: list[tuple[Any, ...] | None] = []
+        lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
+        mm_idx = 0
+        for i in range(count):
+            keys, mm_idx = self._event_keys(request, i * size, (i + 1) * size, mm_idx)
+            extra_keys.append(keys)
+            if lookahead is not None:
+                lookahead.append(self._lookahead_ids(request, (i + 1) * size))
+        self.kv_event_queue.append(self._stored_event_033(
+            request, [maybe_convert_block_hash(hashes[i]) for i in range(count)], None, 0,
+            count * size, size, group_id, extra_keys, lookahead))
+        if self.max_pending_kv_events is not None:
+            self._bound_kv_events()
+
+    def cache_partial_block(
+        self,
+        request: RequestToCache,
+        block: BlockLike,
+        num_tokens: SupportsIndex,
+        kv_cache_group_id: SupportsIndex,
+        block_size: SupportsIndex,
+        replace_existing_hashes: Flag = False,
+    ) -> BlockHashWithGroupId | None:
+        """vLLM 0.33: make ``block`` reachable from the prefix of ``num_tokens`` tokens (a
+        multiple of the hash block size), the request's chain hash there: its primary key if
+        it has none, else a partial entry. A block keyed by a shorter prefix, or every key
+        with ``replace_existing_hashes``, loses its keys first. Returns the key (None for the
+        null block)."""
+        self._require_033("cache_partial_block")
+        if block is self.null_block:
+            return None
+        owned = self._own(block)
+        tokens = _check_count("num_tokens", num_tokens, 1)
+        size = _check_count("block_size", block_size, 1)
+        group_id = _check_group_id(kv_cache_group_id)
+        replace = _flag("replace_existing_hashes", replace_existing_hashes)
+        unit = self.hash_block_size
+        request_hashes = getattr(request, "block_hashes", None)
+        if type(request_hashes) is not list:
+            raise InvalidRequestForCachingError(
+                f"{request!r} is not a request: it has no list of block hashes")
+        if size % unit or tokens % unit or tokens // unit > len(request_hashes):
+            raise InvalidBlockCountError(
+                f"num_tokens {tokens} and block_size {size} must be multiples of the hash "
+                f"block size {unit}, within the request's {len(request_hashes)} hashes")
+        num_hash_blocks = tokens // unit
+        block_hash = request_hashes[num_hash_blocks - 1]
+        if type(block_hash) is not bytes:
+            raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
+        key = BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
+        primary = self._key_of.get(owned)
+        extra = self.cached_block_hashes_by_block.get(owned.block_id, ())
+        already = (primary == block_hash and self._group_of.get(owned, 0) == group_id) or (
+            key in extra)
+        stored = None
+        if self.enable_kv_cache_events and (replace or not already):
+            start = (num_hash_blocks - 1) * unit
+            parent = request_hashes[num_hash_blocks - 2] if num_hash_blocks > 1 else None
+            mm_idx = 0
+            features = request.mm_features if hasattr(request, "mm_features") else None
+            if start > 0 and features:
+                mm_idx = _first_mm_feature_ending_after(features, start)
+            keys, _ = self._event_keys(request, start, tokens, mm_idx)
+            stored = self._stored_event_033(
+                request, [maybe_convert_block_hash(BlockHash(block_hash))],
+                None if parent is None else maybe_convert_block_hash(parent), start, tokens,
+                tokens - start, group_id, [keys],
+                [self._lookahead_ids(request, tokens)] if self.num_hash_lookahead_tokens
+                else None)
+        # Nothing has changed yet; from here on nothing can fail.
+        covered = self._tokens_of.get(owned)
+        if replace or (not already and primary is not None and covered is not None
+                       and covered < tokens):
+            self._removed_events(self._remove_keys(owned))
+        self._insert_key(group_id, block_hash, owned, tokens)
+        if stored is not None:
+            self.kv_event_queue.append(stored)
+            if self.max_pending_kv_events is not None:
+                self._bound_kv_events()
+        return key
 
     # -- accounting ----------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ case "$VERSION" in
             "transformers>=5.16.1,<5.21.0" "aiohttp>=3.14.4" requests "openai>=2.25.0"
             "pillow>=13.0.0" pybase64 cachetools cloudpickle uvloop py-cpuinfo
             prometheus_client "fastapi>=0.133.0,<0.137.0" "starlette>=1.0.1"
-            partial-json-parser "apache-tvm-ffi==0.1.11"
+            partial-json-parser "apache-tvm-ffi==0.1.11" einops
         )
         NO_DEPS=(oss-harmony "xgrammar==0.2.8" "llguidance>=1.7.0,<1.8.0")
         ;;

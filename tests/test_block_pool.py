@@ -9,6 +9,12 @@ import pytest
 
 from kvspec.conformance.pool_machine import chain_hash
 from kvspec.impl.block_pool import BlockPool, InvalidBlockHashError
+from kvspec.impl.hashing import BlockHash, maybe_convert_block_hash
+
+
+def external(block_hash: bytes) -> bytes | int:
+    """The external (event) form of a raw hash, as vLLM's maybe_convert_block_hash gives it."""
+    return maybe_convert_block_hash(BlockHash(block_hash))
 
 
 class _Request:
@@ -45,3 +51,152 @@ def test_a_malformed_hash_before_the_first_miss_is_refused(bad: Any) -> None:
     # after the first miss nothing is looked at, as with get_cached_block in a loop
     assert pool.get_cached_prefix([hashes[0], b"miss", bad], 0, 3) == pool.get_cached_prefix(
         hashes, 0, 1)
+
+
+# ----------------------------------------------------------------- vLLM 0.33's pool API
+
+
+class _Request033(_Request):
+    """What a 0.33 pool reads of a request for its events."""
+
+    def __init__(self, block_hashes: list[bytes]) -> None:
+        super().__init__(block_hashes)
+        self.all_token_ids = list(range(2 * len(block_hashes)))
+        self.mm_features: list[Any] = []
+        self.cache_salt = None
+        self.prompt_embeds = None
+        self.session_id = "s"
+
+
+def _pool_033(num_blocks: int = 8, caching: bool = True, events: bool = True) -> Any:
+    return BlockPool(num_blocks, caching, 2, events, vllm_api="0.33")
+
+
+def _ids(blocks: Any) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def test_033_free_order_unkeyed_first_keyed_last() -> None:
+    pool = _pool_033()
+    hashes = [chain_hash(0, i) for i in range(2)]
+    blocks = pool.get_new_blocks(4)
+    pool.cache_full_blocks(_Request033(hashes), blocks, 0, 2, 2, 0)
+    pool.free_blocks(blocks)
+    free = _ids(pool.free_block_queue.get_all_free_blocks())
+    # unkeyed 3 and 4 to the head (in order), keyed 1 and 2 to the tail (LRU)
+    assert free[:2] == [3, 4] and free[-2:] == [1, 2]
+    pool.check_representation()
+    off = _pool_033(caching=False)
+    taken = off.get_new_blocks(2)
+    off.free_blocks(taken)
+    assert _ids(off.free_block_queue.get_all_free_blocks())[:2] == [1, 2]
+
+
+def test_013_pool_keeps_fifo_and_refuses_033_operations() -> None:
+    pool: Any = BlockPool(8, True, 2, vllm_api="0.13")
+    blocks = pool.get_new_blocks(2)
+    pool.free_blocks(blocks)
+    assert _ids(pool.free_block_queue.get_all_free_blocks())[-2:] == [1, 2]
+    with pytest.raises(ValueError):
+        pool.move_block_hashes(blocks[0], blocks[1])
+    with pytest.raises(ValueError):
+        BlockPool(8, True, 2, vllm_api="0.20")
+
+
+def test_033_partial_entry_promotion_and_events() -> None:
+    pool = _pool_033()
+    hashes = [chain_hash(0, i) for i in range(4)]
+    request = _Request033(hashes)
+    (block,) = pool.get_new_blocks(1)
+    key = pool.cache_partial_block(request, block, 2, 0, 4)  # 2 of the block's 4 tokens
+    assert key == hashes[0] + b"\0\0\0\0" and block.block_hash_num_tokens == 2
+    assert pool.cached_block_hash_to_block.contain(key, block.block_id)
+    pool.check_representation()
+    pool.cache_full_blocks(request, [block], 0, 1, 4, 0)  # promoted: the full key replaces it
+    assert block.block_hash == hashes[1] + b"\0\0\0\0" and block.block_hash_num_tokens == 4
+    assert not pool.cached_block_hash_to_block.contain(key, block.block_id)
+    events = pool.take_events()
+    assert [type(e).__name__ for e in events] == [
+        "BlockStoredV033", "BlockRemovedV033", "BlockStoredV033"]
+    assert events[0].block_size == 2 and events[1].group_idx == 0
+    assert events[2].block_hashes == [external(hashes[1])] and events[2].session_id == "s"
+    pool.check_representation()
+
+
+def test_033_partial_entries_leave_with_their_block() -> None:
+    pool = _pool_033(num_blocks=3)
+    hashes = [chain_hash(0, i) for i in range(2)]
+    request = _Request033(hashes)
+    (block,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(request, [block], 0, 1, 2, 0)
+    pool.cache_partial_block(request, block, 2, 1, 2)  # a second key, in group 1
+    assert block.block_id in pool.cached_block_hashes_by_block
+    pool.take_events()
+    pool.free_blocks([block])
+    pool.get_new_blocks(2)  # reuses it: both keys go, one BlockRemoved each
+    removed = pool.take_events()
+    assert sorted(e.group_idx for e in removed) == [0, 1]
+    assert not pool.cached_block_hashes_by_block and block.block_hash is None
+    pool.check_representation()
+
+
+def test_033_move_block_hashes_copy_on_write() -> None:
+    pool = _pool_033()
+    hashes = [chain_hash(0, 0)]
+    src, dst = pool.get_new_blocks(2)
+    pool.cache_full_blocks(_Request033(hashes), [src], 0, 1, 2, 0)
+    pool.take_events()
+    pool.move_block_hashes(src, dst)
+    assert src.block_hash is None and pool.get_cached_block(hashes[0], [0]) == [dst]
+    assert pool.take_events() == []
+    assert pool.is_block_writable(src) and not pool.is_block_writable(dst)
+    assert not pool.is_block_writable(pool.null_block)
+    with pytest.raises(ValueError):
+        pool.move_block_hashes(src, dst)  # dst already keyed
+    pool.check_representation()
+
+
+def test_033_unpin_watcher_fires_on_reuse_and_reset() -> None:
+    pool = _pool_033(num_blocks=3)
+    seen: list[int] = []
+    blocks = pool.get_new_blocks(2)
+    pool.unpin_blocks(blocks, lambda block: seen.append(block.block_id))
+    assert pool.get_num_free_blocks() == 2 and seen == []
+    pool.get_new_blocks(1)  # the free queue's head: block 1
+    assert seen == [1]
+    pool.free_blocks([pool.blocks[1]])
+    assert pool.reset_prefix_cache() and seen == [1, 2]
+    pool.check_representation()
+
+
+def test_033_touch_skips_null_and_ref_count_writes() -> None:
+    pool = _pool_033()
+    (block,) = pool.get_new_blocks(1)
+    pool.touch([pool.null_block, block])
+    assert block.ref_cnt == 2
+    block.ref_cnt += 1  # 0.33's managers add a copy-on-write reference this way
+    assert block.ref_cnt == 3
+    pool.free_blocks([block, block, pool.null_block])
+    assert block.ref_cnt == 1
+    with pytest.raises(ValueError):
+        block.ref_cnt = 0
+    pool.check_representation()
+
+
+def test_033_free_forwards_to_the_owning_pool() -> None:
+    pool, other = _pool_033(), _pool_033()
+    mine, theirs = pool.get_new_blocks(1), other.get_new_blocks(2)
+    pool.free_blocks(mine + theirs)
+    assert pool.get_num_free_blocks() == 7 and other.get_num_free_blocks() == 7
+    pool.check_representation()
+    other.check_representation()
+
+
+def test_033_emit_cached_block_events() -> None:
+    pool = _pool_033()
+    hashes = [chain_hash(0, i) for i in range(3)]
+    pool.emit_cached_block_events(_Request033(hashes), 2, 2, 0)
+    (event,) = pool.take_events()
+    assert event.block_hashes == [external(h) for h in hashes[:2]]
+    assert event.parent_block_hash is None
+    assert event.token_ids == [0, 1, 2, 3] and event.group_idx == 0

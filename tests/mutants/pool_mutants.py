@@ -94,8 +94,7 @@ def null_block_gets_keyed() -> None:
             self._key_of[null] = block_hash
             if gid:
                 self._group_of[null] = gid
-            self.cached_block_hash_to_block.insert(
-                BlockHashWithGroupId(block_hash + gid.to_bytes(4, "big")), null)
+            self.cached_block_hash_to_block.insert_unchecked(gid, block_hash, null)
     replace(BlockPool, "cache_full_blocks", cache_full_blocks)
 
 
@@ -128,7 +127,7 @@ def popleft_n_loses_count_on_error() -> None:
 def reset_succeeds_with_blocks_in_use() -> None:
     """reset_prefix_cache() clears the cache even while requests hold blocks."""
     def reset_prefix_cache(self: BlockPool) -> bool:
-        self.cached_block_hash_to_block.clear()
+        self.cached_block_hash_to_block.clear_unchecked()
         self._key_of.clear()
         self._group_of.clear()  # all as impl does, but for the check of blocks in use
         if self.enable_kv_cache_events:

@@ -1,0 +1,60 @@
+"""impl's vLLM 0.33 pool mutants: bugs planted into ``BlockPool(vllm_api="0.33")``.
+
+Each is killed by the 0.33 examples in tests/test_block_pool.py (the test named in
+``killed_by``), which also check the 0.33 part of the pool's representation invariant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvspec.impl.block_pool import BlockPool
+from tests.mutants import Mutant, replace
+
+CHECKER = ("tests/test_block_pool.py",)
+
+
+def free_033_all_to_tail() -> None:
+    """A 0.33 pool queues every freed block at the tail (0.13's FIFO, #48017's flip)."""
+    def release(self: BlockPool, zeroed: list[Any]) -> None:
+        self.free_block_queue.extend_unchecked(zeroed)
+    replace(BlockPool, "_release", release)
+
+
+def partial_keys_outlive_block() -> None:
+    """Dropping a block's keys forgets its partial entries: they stay in the map."""
+    original = BlockPool._remove_keys
+
+    def remove_keys(self: BlockPool, block: Any) -> list[tuple[int, bytes]]:
+        saved = dict(self.cached_block_hashes_by_block)
+        self.cached_block_hashes_by_block.clear()
+        removed = original(self, block)
+        self.cached_block_hashes_by_block.update(saved)  # the partial keys are kept
+        return removed
+    replace(BlockPool, "_remove_keys", remove_keys)
+
+
+def reuse_watcher_never_fires() -> None:
+    """A block released by unpin_blocks(blocks, on_reuse) is handed out silently."""
+    def notify_reuse(self: BlockPool, blocks: Any) -> None:
+        return None
+    replace(BlockPool, "_notify_reuse", notify_reuse)
+
+
+def foreign_free_not_forwarded() -> None:
+    """free_blocks() treats another pool's blocks as its own strangers (no forwarding)."""
+    def foreign_blocks(self: BlockPool, blocks: list[Any]) -> dict[Any, list[Any]]:
+        return {}
+    replace(BlockPool, "_foreign_blocks", foreign_blocks)
+
+
+MUTANTS = [
+    Mutant("free_033_all_to_tail", "a 0.33 pool frees unkeyed blocks to the tail",
+           free_033_all_to_tail, CHECKER, "test_033_free_order_unkeyed_first_keyed_last"),
+    Mutant("partial_keys_outlive_block", "partial entries outlive their block's keys",
+           partial_keys_outlive_block, CHECKER, "test_033_partial_entries_leave_with_their_block"),
+    Mutant("reuse_watcher_never_fires", "unpinned blocks reused without their watcher",
+           reuse_watcher_never_fires, CHECKER, "test_033_unpin_watcher_fires_on_reuse_and_reset"),
+    Mutant("foreign_free_not_forwarded", "another pool's blocks are not forwarded on free",
+           foreign_free_not_forwarded, CHECKER, "test_033_free_forwards_to_the_owning_pool"),
+]
