@@ -13,7 +13,7 @@ CROSSHAIR_TIMEOUT ?= 4
 # Modules whose PEP 316 contracts CrossHair checks in `make check`.
 CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.spec.pool_programs kvspec.spec.hashing \
 	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager kvspec.spec.event_consumer \
-	kvspec.spec.free_queue kvspec.spec.hash_map kvspec.spec.eviction
+	kvspec.spec.free_queue kvspec.spec.hash_map kvspec.spec.eviction kvspec.spec.events
 
 .PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests \
 	vllm-loop vllm-check clean
@@ -42,7 +42,7 @@ audit: setup
 	$(VENV)/bin/kvspec audit --target impl --profile vllm-0.13 --seed 1
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto  # one worker per core (pytest-xdist)
 
 # The conformance machines and the hostile-input suite on the Python sources (make test runs
 # the compiled build).

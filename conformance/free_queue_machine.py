@@ -47,10 +47,12 @@ from kvspec.spec.free_queue import (
     NumFreeBlocks,
     PopLeft,
     PopLeftN,
+    PrependN,
     QueueState,
     QueueView,
     Remove,
 )
+from kvspec.spec.pool import Profile
 
 IMPL_MODULE = "kvspec.impl.kv_cache_utils"
 VLLM_MODULE = "vllm.v1.core.kv_cache_utils"
@@ -160,6 +162,7 @@ class QueueAdapter(Adapter):
         Append: method("append", lambda a, c: (block_arg(a, c.block_id),)),
         AppendN: method("append_n", lambda a, c: (blocks_arg(a, c.block_ids),)),
         GetAllFreeBlocks: method("get_all_free_blocks", read=BLOCK_IDS),
+        PrependN: method("prepend_n", lambda a, c: (blocks_arg(a, c.block_ids),)),
         NumFreeBlocks: attribute("num_free_blocks"),
     }
 
@@ -303,11 +306,35 @@ class FreeQueueMachine(ComponentMachine[QueueState]):
 FreeQueueMachine.add_invariants(model.ALL)
 
 
+class FreeQueueMachine033(FreeQueueMachine):
+    """The queue under the vllm-0.33 profile: `FreeQueueMachine` plus ``prepend_n`` (0.33's
+    pool puts blocks freed without a key at the head), where the target has it; the 0.13
+    machine is left as it was."""
+
+    @precondition(lambda self: self.built and self.adapter.classes.api == "vllm-0.33"
+                  and self.bundle("popped"))
+    @rule(blocks=st.lists(consumes(FreeQueueMachine.popped), max_size=4, unique=True))
+    def prepend_n(self, blocks: list[int]) -> None:
+        """A finished request's unkeyed blocks go to the head, to be reused first."""
+        self.run(PrependN(tuple(blocks)))
+        event("prepend_n onto an empty queue" if len(self.spec.free) == len(blocks)
+              else "prepend_n")
+
+    @bad_call(lambda self: self.adapter.classes.api == "vllm-0.33" and self.spec.free,
+              data=st.data(), blocks=st.lists(FreeQueueMachine.popped, max_size=2, unique=True))
+    def prepend_n_with_a_queued_block(self, data: st.DataObject, blocks: list[int]) -> None:
+        queued = data.draw(st.sampled_from(self.spec.free), label="queued block")
+        self.refuse(PrependN((*blocks, queued)))
+
+
 # Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
-OUT_OF_CONTRACT = FreeQueueMachine.bad_call_rules
+OUT_OF_CONTRACT = FreeQueueMachine033.bad_call_rules
 
 
 def machine_for(make_adapter: Callable[[], QueueAdapter],
-                excluded: frozenset[str] = frozenset()) -> type[FreeQueueMachine]:
-    """A FreeQueueMachine subclass that checks the targets make_adapter makes."""
-    return FreeQueueMachine.for_target(make_adapter, excluded=excluded)
+                excluded: frozenset[str] = frozenset(),
+                profile: Profile = Profile.V0_13) -> type[FreeQueueMachine]:
+    """A FreeQueueMachine subclass that checks the targets make_adapter makes (with 0.33's
+    ``prepend_n`` under vllm-0.33, where the target has it)."""
+    base = FreeQueueMachine033 if profile is Profile.V0_33 else FreeQueueMachine
+    return base.for_target(make_adapter, excluded=excluded)

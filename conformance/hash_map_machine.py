@@ -27,6 +27,7 @@ from hypothesis.stateful import (
     consumes,
     initialize,
     multiple,
+    precondition,
     rule,
 )
 
@@ -39,7 +40,17 @@ from kvspec.conformance.free_queue_machine import (
 from kvspec.conformance.lockstep import Adapter, Call, Reader, method
 from kvspec.conformance.machine import ComponentMachine, bad_call
 from kvspec.spec import hash_map as model
-from kvspec.spec.hash_map import GetOneBlock, Insert, Len, MapState, MapView, NewMap, Pop
+from kvspec.spec.hash_map import (
+    Contain,
+    GetOneBlock,
+    Insert,
+    Len,
+    MapState,
+    MapView,
+    NewMap,
+    Pop,
+)
+from kvspec.spec.pool import Profile
 
 IMPL_MODULE = "kvspec.impl.block_pool"
 VLLM_MODULE = "vllm.v1.core.block_pool"
@@ -84,6 +95,7 @@ class MapAdapter(Adapter):
         GetOneBlock: method("get_one_block", lambda a, c: (c.key,), BLOCK_ID_OR_NONE),
         Pop: method("pop", lambda a, c: (c.key, c.block_id), BLOCK_ID_OR_NONE),
         Len: Call(lambda a, c: len(a.cache), lambda a, c: f"len({a.variable})"),
+        Contain: method("contain", lambda a, c: (c.key, c.block_id), Reader(bool)),
     }
 
     def view(self) -> MapView | None:
@@ -208,11 +220,26 @@ class HashMapMachine(ComponentMachine[MapState]):
 HashMapMachine.add_invariants(model.ALL)
 
 
+class HashMapMachine033(HashMapMachine):
+    """The map under the vllm-0.33 profile: `HashMapMachine` plus ``contain`` (asked for
+    every key and block, cached or not); the 0.13 machine is left as it was."""
+
+    @precondition(lambda self: self.built and self.adapter.classes.api == "vllm-0.33")
+    @rule(key=st.sampled_from(KEYS), block=st.integers(0, 15))
+    def contain(self, key: bytes, block: int) -> None:
+        block %= self.spec.num_blocks
+        if self.run(Contain(key, block)):
+            event("contain: the key holds the block")
+
+
 # Calls no caller within vLLM's contract makes: `kvspec audit --scope contract` leaves them out.
 OUT_OF_CONTRACT = HashMapMachine.bad_call_rules
 
 
 def machine_for(make_adapter: Callable[[], MapAdapter],
-                excluded: frozenset[str] = frozenset()) -> type[HashMapMachine]:
-    """A HashMapMachine subclass that checks the targets make_adapter makes."""
-    return HashMapMachine.for_target(make_adapter, excluded=excluded)
+                excluded: frozenset[str] = frozenset(),
+                profile: Profile = Profile.V0_13) -> type[HashMapMachine]:
+    """A HashMapMachine subclass that checks the targets make_adapter makes (with 0.33's
+    ``contain`` under vllm-0.33, where the target has it)."""
+    base = HashMapMachine033 if profile is Profile.V0_33 else HashMapMachine
+    return base.for_target(make_adapter, excluded=excluded)

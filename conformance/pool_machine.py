@@ -207,7 +207,7 @@ class PoolMachine(LockstepMachine[PoolState]):
         if num_cached >= num_full:
             return
         if any(self.spec.key_of[b] is not None for b in blocks[num_cached:num_full]
-               if b != NULL_BLOCK):
+               if b != NULL_BLOCK) and not self._all_promotable(blocks, num_cached, num_full):
             return  # a hit block below num_full: caching it again is a bad call, made elsewhere
         if not self.spec.enable_caching:
             situation = "cache_full_blocks with caching off"
@@ -230,6 +230,16 @@ class PoolMachine(LockstepMachine[PoolState]):
         key = model.make_key(hashes[num_full - 1], held.group)
         if len(dict(self.spec.cached).get(key, ())) > 1:
             event("same key cached in two blocks")
+
+    def _all_promotable(self, blocks: tuple[int, ...], num_cached: int, num_full: int) -> bool:
+        """0.33: every keyed block of the range holds a partial entry for a shorter prefix
+        (cache_full_blocks promotes it); never under 0.13."""
+        if not self.spec.profile.multi_key_blocks:
+            return False
+        return all(self.spec.key_of[b] is None
+                   or model.promotable(self.spec, b, (i + 1) * BLOCK_SIZE)
+                   for i, b in enumerate(blocks[:num_full])
+                   if i >= num_cached and b != NULL_BLOCK)
 
     @rule(target=held, held=consumes(held))
     def slide_window(self, held: Held) -> Held:
@@ -457,10 +467,14 @@ class PoolMachine(LockstepMachine[PoolState]):
     # come before the whole-state comparison, so a broken invariant is reported by name.
 
     def state_from_view(self, view: PoolView) -> PoolState:
-        return replace(self.spec, ref=view.ref, free=view.free, key_of=view.key_of,
-                       cached=view.cached, events=self.taken + view.pending_events,
-                       num_taken=len(self.taken), now=view.now, retention=view.retention,
-                       pinned=view.pinned)
+        state = replace(self.spec, ref=view.ref, free=view.free, key_of=view.key_of,
+                        cached=view.cached, events=self.taken + view.pending_events,
+                        num_taken=len(self.taken), now=view.now, retention=view.retention,
+                        pinned=view.pinned)
+        if self.profile is Profile.V0_33:  # 0.33's parts of the state: the target's
+            state = replace(state, partial_keys=view.partial_keys, fired=view.fired,
+                            forwarded=view.forwarded)
+        return state
 
     @invariant()
     def invariant_allocated_blocks_are_fresh(self) -> None:
@@ -510,6 +524,12 @@ class PoolMachine(LockstepMachine[PoolState]):
             f"policy state (clock, retention, pinned): target "
             f"{(actual.now, actual.retention, actual.pinned)}, spec "
             f"{(expected.now, expected.retention, expected.pinned)}")
+        assert actual.partial_keys == expected.partial_keys, \
+            f"partial entries: target {actual.partial_keys}, spec {expected.partial_keys}"
+        assert actual.fired == expected.fired, \
+            f"reuse watchers fired: target {actual.fired}, spec {expected.fired}"
+        assert actual.forwarded == expected.forwarded, \
+            f"frees forwarded: target {actual.forwarded}, spec {expected.forwarded}"
 
 
     @invariant()
@@ -533,11 +553,176 @@ PoolMachine.add_invariants(pool_invariants.ALL)
 PoolMachine.add_invariants(event_consumer.ALL)  # a router's view
 
 
+WATCHED_TWICE = "unpin_blocks of a block with a pending watcher"
+
+
+class PoolMachine033(PoolMachine):
+    """The pool machine under the vllm-0.33 profile: the rules of `PoolMachine` plus 0.33's
+    new operations (partial entries and their promotion, copy-on-write re-pointing, reuse
+    watchers, writability, reports of reused blocks, frees forwarded to a foreign owner),
+    and 0.33's invariants (`pool_invariants.V0_33`). Each new rule runs only where the target
+    has the method; its discrepancies are named situations, so an audit reports one and goes
+    on. The 0.13 machine is left as it was: none of this costs its steps anything."""
+
+    profile = Profile.V0_33
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state_before: PoolState | None = None  # the spec's, before the current step
+        self.watched_twice = False  # a block has had two watchers pending at once
+        step = self.lockstep.step
+
+        def recording(state: Any, command: Any) -> tuple[Any, Any]:
+            self.state_before = state
+            return step(state, command)
+
+        self.lockstep.step = recording
+
+    def _can(self, name: str) -> bool:
+        return self.built and self.adapter.has_method(name)
+
+    def judge(self, command: Any, output: Any) -> None:
+        super().judge(command, output)
+        before = self.state_before
+        if isinstance(command, model.GetNewBlocks) and before is not None and before.watchers:
+            event("a watched block may be handed out")
+            after = self.target_state()
+            self._blame_watched_twice(after.fired)
+            assert pool_invariants.watched_blocks_fire_when_handed_out(
+                before, tuple(output), after), (
+                f"invariant watched_blocks_fire_when_handed_out violated by the target: it "
+                f"handed out {tuple(output)} with watchers {before.watchers} pending; fired "
+                f"{after.fired}")
+
+    def _blame_watched_twice(self, fired: tuple[tuple[int, int], ...]) -> None:
+        """A firing that differs after a block was watched twice is that situation's: an
+        audit reports it once and stops watching a block twice."""
+        if self.watched_twice and fired != self.spec.fired:
+            self.situation = WATCHED_TWICE
+
+    @invariant()
+    def matches_spec_state(self) -> None:
+        if self.built:
+            self._blame_watched_twice(self.target_view().fired)
+        PoolMachine.matches_spec_state(self)
+
+    def _hashes(self, held: Held) -> tuple[bytes, ...]:
+        return tuple(chain_hash(held.family, i) for i in range(len(held.blocks)))
+
+    @precondition(lambda self: self._can("cache_partial_block") and self.spec.enable_caching)
+    @rule(held=PoolMachine.held, index=st.integers(0, 7), prefix=st.integers(0, 7),
+          replace_existing=st.sampled_from([False, False, False, True]),
+          beside_key=st.booleans())
+    def cache_partial_block(self, held: Held, index: int, prefix: int,
+                            replace_existing: bool, beside_key: bool) -> None:
+        """Make one of a request's blocks reachable from a prefix boundary (a hybrid Mamba
+        group's partial hit): a primary key, a partial entry beside one (``beside_key``: on
+        a keyed block, at the first boundary), or a promotion."""
+        if not held.blocks:
+            return
+        keyed = [b for b in held.blocks if b != NULL_BLOCK and self.spec.key_of[b] is not None]
+        if beside_key and keyed:
+            block, prefix = keyed[index % len(keyed)], 0
+        else:
+            block = held.blocks[index % len(held.blocks)]
+        num_hash_blocks = 1 + prefix % len(held.blocks)
+        num_tokens = num_hash_blocks * BLOCK_SIZE
+        covered = model.key_tokens_of(self.spec, block) if block != NULL_BLOCK else None
+        if block == NULL_BLOCK:
+            situation = "cache_partial_block on the null block"
+        elif replace_existing:
+            situation = "cache_partial_block replacing a block's keys"
+        elif self.spec.key_of[block] is None:
+            situation = "cache_partial_block on a block without a key"
+        elif covered is not None and covered < num_tokens:
+            situation = "cache_partial_block promoting a block's key"
+        else:
+            situation = "cache_partial_block beside a primary key"
+        if not self.allows(situation):
+            return
+        tokens = chain_tokens(held.family, num_hash_blocks - 1)
+        self.lockstep(model.CachePartialBlock(block, self._hashes(held), num_tokens, held.group,
+                                              BLOCK_SIZE, BLOCK_SIZE, tokens, held.lora_id,
+                                              replace_existing))
+        event(situation)
+        if block != NULL_BLOCK and model.partials_of(self.spec, block):
+            event("a block with partial entries")
+
+    @precondition(lambda self: self._can("move_block_hashes") and model.num_free(self.spec) > 0)
+    @rule(held=PoolMachine.held, index=st.integers(0, 7))
+    def move_block_hashes(self, held: Held, index: int) -> None:
+        """Copy-on-write: the request keeps writing one of its keyed blocks, so the prefix
+        cache's keys move to a fresh private copy, which is then released to the cache."""
+        if not held.blocks:
+            return
+        block = held.blocks[index % len(held.blocks)]
+        if block == NULL_BLOCK or self.spec.key_of[block] is None:
+            return
+        if not self.allows("move_block_hashes"):
+            return
+        copy = self.lockstep(model.GetNewBlocks(1))
+        if isinstance(copy, Refused):
+            return
+        self.lockstep(model.MoveBlockHashes(block, copy[0]))
+        self.lockstep(model.FreeBlocks(copy))
+        event("keys moved to a copy" + (" with partial entries" if model.partials_of(
+            self.spec, copy[0]) else ""))
+
+    @precondition(lambda self: self._can("cache_partial_block"))
+    @rule(held=consumes(PoolMachine.held))
+    def unpin_blocks(self, held: Held) -> None:
+        """A reader releases a request's blocks but keeps reading them until the pool reuses
+        them (HiSparse): unpin_blocks(blocks, on_reuse), chain tail first."""
+        blocks = tuple(b for b in reversed(held.blocks) if b != NULL_BLOCK)
+        del self.num_cached[held.uid]
+        watched = {b for b, _ in self.spec.watchers}
+        situation = WATCHED_TWICE if watched & set(blocks) else "unpin_blocks"
+        if not blocks or not self.allows(situation):
+            self.lockstep(model.FreeBlocks(tuple(reversed(held.blocks))))
+            return
+        self.lockstep(model.UnpinWithWatcher(blocks))
+        self.watched_twice = self.watched_twice or situation == WATCHED_TWICE
+        event(situation)
+
+    @precondition(lambda self: self._can("is_block_writable"))
+    @rule(pick=st.integers(0, 15))
+    def is_block_writable(self, pick: int) -> None:
+        block = pick % self.spec.num_blocks
+        if self.lockstep(model.IsBlockWritable(block)) is True:
+            event("a writable block")
+
+    @precondition(lambda self: self._can("emit_cached_block_events"))
+    @rule(held=PoolMachine.held)
+    def emit_cached_block_events(self, held: Held) -> None:
+        """Report mode "full": the request's cached prefix is announced again."""
+        num_cached = min(self.num_cached.get(held.uid, 0), len(held.blocks))
+        tokens = tuple(t for i in range(num_cached) for t in chain_tokens(held.family, i))
+        self.lockstep(model.EmitCachedBlockEvents(self._hashes(held), num_cached, BLOCK_SIZE,
+                                                  held.group, tokens, held.lora_id))
+
+    @precondition(lambda self: self._can("cache_partial_block"))
+    @rule(held=consumes(PoolMachine.held),
+          foreign=st.lists(st.integers(1, 3), min_size=1, max_size=3))  # 0: its null
+    def free_with_foreign_blocks(self, held: Held, foreign: list[int]) -> None:
+        """A request whose table mixes this pool's blocks with another pool's (deferred
+        frees across pools) ends: the foreign blocks go to their owner."""
+        del self.num_cached[held.uid]
+        if not self.allows("free_blocks forwarding foreign blocks"):
+            self.lockstep(model.FreeBlocks(tuple(reversed(held.blocks))))
+            return
+        self.lockstep(model.FreeWithForeign(tuple(reversed(held.blocks)), tuple(foreign)))
+
+
+PoolMachine033.add_invariants(pool_invariants.V0_33)
+
+
 def machine_for(make_adapter: Callable[[], VllmApiPool],
                 profile: Profile = Profile.V0_13,
                 policy: Policy | None = None) -> type[PoolMachine]:
     """A PoolMachine subclass that checks adapters made by make_adapter against profile
-    (and an eviction policy: the profile's when None)."""
+    (and an eviction policy: the profile's when None); under vllm-0.33 (and no other
+    policy), with 0.33's operations (`PoolMachine033`)."""
     small = policy is not None and policy.name.value in ("priority", "pinned")
-    return PoolMachine.for_target(make_adapter, profile=profile, policy=policy,
-                                  max_blocks=8 if small else 16)
+    base = PoolMachine033 if profile is Profile.V0_33 and policy is None else PoolMachine
+    return base.for_target(make_adapter, profile=profile, policy=policy,
+                           max_blocks=8 if small else 16)

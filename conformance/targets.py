@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from kvspec.conformance.lockstep import (
@@ -43,12 +43,24 @@ class PoolView:
     now: int = 0
     retention: tuple[tuple[int, int, int | None], ...] = ()
     pinned: tuple[int, ...] = ()
+    # vLLM 0.33's pool (empty for 0.13's): each block's partial entries (sorted: vLLM keeps
+    # a set), the reuse watchers fired so far (watcher, block) and the batches of foreign
+    # blocks handed to their owner.
+    partial_keys: tuple[tuple[int, tuple[Key, ...]], ...] = ()
+    fired: tuple[tuple[int, int], ...] = ()
+    forwarded: tuple[tuple[int, ...], ...] = ()
 
 
 def view_of(state: PoolState) -> PoolView:
     """The spec state as a target would show it."""
     return PoolView(state.ref, state.free, state.key_of, state.cached,
-                    state.events[state.num_taken:], state.now, state.retention, state.pinned)
+                    state.events[state.num_taken:], state.now, state.retention, state.pinned,
+                    sorted_partials(state.partial_keys), state.fired, state.forwarded)
+
+
+def sorted_partials(entries: Any) -> tuple[tuple[int, tuple[Key, ...]], ...]:
+    """Partial entries per block, blocks and keys sorted (a set's order is no state)."""
+    return tuple(sorted((int(b), tuple(sorted(keys))) for b, keys in entries if keys))
 
 
 # impl's plug-in for each policy but lru (impl's default pool is lru).
@@ -118,7 +130,10 @@ def external_hash_of(value: object) -> int:
 
 def spec_event(event: object) -> Event:
     """A target's KV event in the spec's terms, by class name and fields."""
+    # By name: vLLM's classes, or a release's own (impl's ``BlockStoredV033``, say).
     kind = type(event).__name__
+    kind = next((name for name in ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+                 if kind.startswith(name)), kind)
     if kind == "BlockStored":
         parent = getattr(event, "parent_block_hash", None)
         lora_id = getattr(event, "lora_id", None)
@@ -169,20 +184,18 @@ def _map_entries(pool: Any) -> list[tuple[Key, tuple[int, ...]]]:
 def pool_view(pool: Any) -> PoolView:
     """A BlockPool's state in the spec's terms (the abstraction function).
 
-    vLLM 0.33 can give a block secondary keys (``cached_block_hashes_by_block``); the spec
-    allows one key a block, so the first secondary key is shown in place of the primary one
-    and the comparison fails there.
+    vLLM 0.33 gives a block partial entries beside its primary key
+    (``cached_block_hashes_by_block``): the view lists them (``partial_keys``).
     """
     blocks = list(pool.blocks)
     ref = tuple(0 if i == NULL_BLOCK else b.ref_cnt for i, b in enumerate(blocks))
     free = ids(pool.free_block_queue.get_all_free_blocks())
-    key_of = [b.block_hash for b in blocks]
-    for block_id, keys in (getattr(pool, "cached_block_hashes_by_block", None) or {}).items():
-        if keys and 0 <= block_id < len(key_of):
-            key_of[block_id] = sorted(keys)[0]
+    key_of = tuple(b.block_hash for b in blocks)
+    partial = sorted_partials(
+        (getattr(pool, "cached_block_hashes_by_block", None) or {}).items())
     cached = tuple(sorted(_map_entries(pool)))
     pending = spec_events(getattr(pool, "kv_event_queue", []))
-    return PoolView(ref, free, tuple(key_of), cached, pending, *policy_state(pool))
+    return PoolView(ref, free, key_of, cached, pending, *policy_state(pool), partial)
 
 
 def policy_state(pool: Any) -> tuple[int, tuple[tuple[int, int, int | None], ...],
@@ -217,6 +230,78 @@ POLICY_CALLS: dict[type, Call] = {
     model.UnpinBlocks: _policy_call("unpin_blocks", lambda a, c: (list(c.block_ids),)),
 }
 
+class ForeignOwner:
+    """Another pool that owns some blocks (``KVCacheBlock.pool``): it records each batch a
+    pool's free_blocks hands it, as block ids."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, ...]] = []
+
+    def free_blocks(self, blocks: Any) -> None:
+        self.batches.append(ids(blocks))
+
+
+def _unpin_with_watcher(adapter: VllmApiPool, c: model.UnpinWithWatcher) -> None:
+    watcher = adapter.next_watcher
+    fired = adapter.fired
+
+    def on_reuse(block: Any) -> None:
+        fired.append((watcher, block.block_id))
+
+    adapter.pool.unpin_blocks([adapter.pool.blocks[i] for i in c.block_ids], on_reuse)
+    adapter.next_watcher += 1  # only a call that went through registered its watcher
+
+
+def _free_with_foreign(adapter: VllmApiPool, c: model.FreeWithForeign) -> None:
+    try:
+        foreign = [adapter.block_class(i, pool=adapter.foreign) for i in c.foreign_ids]
+    except TypeError:
+        raise Unsupported("the target's KVCacheBlock has no owning pool") from None
+    adapter.pool.free_blocks([adapter._block(i) for i in c.block_ids] + foreign)
+
+
+def _v033(name: str, call: Call) -> Call:
+    """A call of vLLM 0.33's pool API: `Unsupported` where the target lacks the method (the
+    machine only makes it where `VllmApiPool.has_method` says the target has it)."""
+    def run(adapter: Any, command: Any) -> Any:
+        if not adapter.has_method(name):
+            raise Unsupported(f"the target has no {name}")
+        return call.run(adapter, command)
+
+    return Call(run, call.write, call.read)
+
+
+def _partial_request(a: VllmApiPool, c: model.CachePartialBlock) -> Arg:
+    tokens = [0] * (c.num_tokens - len(c.token_ids)) + list(c.token_ids)
+    return Arg(f"request_for({list(c.block_hashes)!r}, {tokens!r}, {c.lora_id!r})",
+               lambda: a.request_of(c.block_hashes, tokens, c.lora_id))
+
+
+V0_33_CALLS: dict[type, Call] = {
+    model.CachePartialBlock: _v033("cache_partial_block", method(
+        "cache_partial_block", lambda a, c: (
+            _partial_request(a, c), a.block_arg(c.block_id),
+            c.num_tokens, c.group_id, c.block_size, c.replace_existing))),
+    model.MoveBlockHashes: _v033("move_block_hashes", method(
+        "move_block_hashes", lambda a, c: (a.block_arg(c.src),
+                                           a.block_arg(c.dst)),
+        NOTHING)),
+    model.UnpinWithWatcher: _v033("cache_partial_block", Call(
+        _unpin_with_watcher, lambda a, c: f"pool.unpin_blocks({a.blocks_arg(c.block_ids).source}"
+        f", on_reuse)", NOTHING)),
+    model.IsBlockWritable: _v033("is_block_writable", method(
+        "is_block_writable", lambda a, c: (a.block_arg(c.block_id),),
+        Reader(bool))),
+    model.EmitCachedBlockEvents: _v033("emit_cached_block_events", method(
+        "emit_cached_block_events", lambda a, c: (
+            Arg(f"request_for({list(c.block_hashes)!r}, {list(c.token_ids)!r}, "
+                f"{c.lora_id!r})",
+                lambda: a.request_of(c.block_hashes, c.token_ids, c.lora_id)),
+            c.num_cached, c.block_size, c.group_id), NOTHING)),
+    model.FreeWithForeign: _v033("cache_partial_block", Call(
+        _free_with_foreign, lambda a, c: f"pool.free_blocks(...{c})", NOTHING)),
+}
+
 IDS = Reader(ids, "ids({})")
 EVENTS = Reader(spec_events, "spec_events({})")
 
@@ -232,6 +317,7 @@ def _new_pool(adapter: VllmApiPool, c: model.NewPool) -> None:
         "max_pending_kv_events": c.max_pending_events}
     if adapter.policy_class is not None:
         extra["eviction_policy"] = adapter.policy_class(**plug_in_arguments(c.policy))
+    extra.update(adapter.pool_arguments)
     adapter.pool = adapter.pool_class(c.num_blocks, c.enable_caching, adapter.hash_block_size,
                                       enable_kv_cache_events=c.enable_events, **extra)
 
@@ -241,6 +327,7 @@ def _new_pool_source(adapter: VllmApiPool, c: model.NewPool) -> str:
     bound = ("" if c.max_pending_events is None
              else f", max_pending_kv_events={c.max_pending_events}")
     bound += plug_in_source(adapter.policy_path, c.policy)
+    bound += "".join(f", {k}={v!r}" for k, v in adapter.pool_arguments.items())
     return (f"{adapter.pool_path.partition(':')[2]}({c.num_blocks}, {c.enable_caching}, "
             f"{adapter.hash_block_size}, enable_kv_cache_events={c.enable_events}{bound})")
 
@@ -267,8 +354,12 @@ class VllmApiPool(Adapter):
 
     def __init__(self, pool_path: str = "kvspec.impl.block_pool:BlockPool",
                  block_module: str = "kvspec.impl.kv_cache_utils", name: str = "impl",
-                 hash_block_size: int = 2, policy_path: str | None = None) -> None:
+                 hash_block_size: int = 2, policy_path: str | None = None,
+                 pool_arguments: dict[str, Any] | None = None) -> None:
         self.policy_path = policy_path
+        # Keyword arguments the pool is built with besides the command's (impl's
+        # ``vllm_api="0.33"``, say).
+        self.pool_arguments: dict[str, Any] = dict(pool_arguments or {})
         self.policy_class: Any = None if policy_path is None else load(policy_path)
         self.pool_path = pool_path
         module_name, _, class_name = pool_path.partition(":")
@@ -280,6 +371,11 @@ class VllmApiPool(Adapter):
         self.pool: Any = None
         self.num_blocks = 0
         self._event_bound: bool | None = None  # supports_event_bound(), once known
+        # vLLM 0.33: the reuse watchers fired (watcher, block), the next watcher's number,
+        # and the foreign pool that owns the blocks of FreeWithForeign.
+        self.fired: list[tuple[int, int]] = []
+        self.next_watcher = 0
+        self.foreign = ForeignOwner()
 
     # -- the commands: how each runs on the pool, and is written as a call ------------------
 
@@ -306,6 +402,7 @@ class VllmApiPool(Adapter):
         model.GetNumFreeBlocks: method("get_num_free_blocks", read=Reader(int)),
         model.GetUsage: method("get_usage", read=Reader(float)),
         **POLICY_CALLS,
+        **V0_33_CALLS,
     }
 
     def _block(self, block_id: int) -> Any:
@@ -324,6 +421,10 @@ class VllmApiPool(Adapter):
         source = "[" + ", ".join(self._block_source(i) for i in block_ids) + "]"
         return Arg(source, lambda: collect(self._block(i) for i in block_ids))
 
+    def block_arg(self, block_id: int) -> Arg:
+        """One block of the pool (a foreign one for an id outside it)."""
+        return Arg(self._block_source(block_id), lambda: self._block(block_id))
+
     def touch_arg(self, block_ids: Sequence[int]) -> Arg:
         """touch's argument: a tuple of per-group block lists (0.13), or a flat list."""
         blocks = self.blocks_arg(block_ids)
@@ -334,6 +435,17 @@ class VllmApiPool(Adapter):
     def tokens(self, command: model.CacheFullBlocks) -> list[int]:
         """The request's tokens: the cached blocks' (never read) and the new blocks'."""
         return [0] * (command.num_cached * command.block_size) + list(command.token_ids)
+
+    def has_method(self, name: str) -> bool:
+        """Whether the pool class has vLLM 0.33's method ``name`` (``unpin_blocks`` and
+        ``free_blocks`` forwarding go with ``cache_partial_block``: kvspec's own
+        ``unpin_blocks`` is the pin policy's)."""
+        return callable(getattr(self.pool_class, name, None))
+
+    def request_of(self, block_hashes: Sequence[bytes], token_ids: Sequence[int],
+                   lora_id: int | None) -> Any:
+        """A stand-in request with these hashes and tokens (this API's request class)."""
+        return request_for(block_hashes, token_ids, lora_id)
 
     def request(self, command: model.CacheFullBlocks) -> Any:
         """The stand-in request cache_full_blocks reads (a release may read more fields)."""
@@ -346,7 +458,11 @@ class VllmApiPool(Adapter):
                 f"{command.lora_id!r}{hints})")
 
     def view(self) -> PoolView:
-        return pool_view(self.pool)
+        view = pool_view(self.pool)
+        if self.fired or self.foreign.batches:
+            view = replace(view, fired=tuple(self.fired),
+                           forwarded=tuple(self.foreign.batches))
+        return view
 
     def supports_event_bound(self) -> bool:
         """Whether the pool class takes kvspec's bound on pending events (vLLM's does not):

@@ -134,6 +134,10 @@ class Vllm033Pool(VllmApiPool):
     def request(self, command: Any) -> Any:
         return request_for_033(command.block_hashes, self.tokens(command), command.lora_id)
 
+    def request_of(self, block_hashes: Sequence[bytes], token_ids: Sequence[int],
+                   lora_id: int | None) -> Any:
+        return request_for_033(block_hashes, token_ids, lora_id)
+
     def request_source(self, command: Any) -> str:
         return (f"request_for_033({list(command.block_hashes)!r}, {self.tokens(command)!r}, "
                 f"{command.lora_id!r})")
@@ -230,6 +234,16 @@ def has_013_manager_api(manager_class: Any) -> bool:
 
 def vllm_kv_cache_config(impl_config: Any) -> Any:
     """impl's KVCacheConfig rebuilt from vLLM's own classes (fields copied by name)."""
+    from vllm.v1 import kv_cache_interface as vllm_kv
+
+    groups = [vllm_kv.KVCacheGroupSpec(list(group.layer_names), vllm_spec(group.kv_cache_spec))
+              for group in impl_config.kv_cache_groups]
+    return vllm_kv.KVCacheConfig(impl_config.num_blocks, [], groups)
+
+
+def vllm_spec(spec: Any) -> Any:
+    """One of impl's KVCacheSpec objects rebuilt from vLLM's class of the same name (fields
+    copied by name)."""
     import dataclasses
 
     import torch
@@ -238,21 +252,17 @@ def vllm_kv_cache_config(impl_config: Any) -> Any:
     def dtype(value: Any) -> Any:
         return getattr(torch, value) if isinstance(value, str) else value
 
-    groups = []
-    for group in impl_config.kv_cache_groups:
-        spec = group.kv_cache_spec
-        name = type(spec).__name__
-        if name not in VLLM_013_SPECS:
-            raise TargetError(f"vLLM 0.13 has no {name}")
-        vllm_class = getattr(vllm_kv, name)
-        fields = {f.name for f in dataclasses.fields(vllm_class) if f.init}
-        values = {k: getattr(spec, k) for k in fields if hasattr(spec, k)}
-        if "dtype" in values:
-            values["dtype"] = dtype(values["dtype"])
-        if "dtypes" in values:
-            values["dtypes"] = tuple(dtype(d) for d in values["dtypes"])
-        groups.append(vllm_kv.KVCacheGroupSpec(list(group.layer_names), vllm_class(**values)))
-    return vllm_kv.KVCacheConfig(impl_config.num_blocks, [], groups)
+    name = type(spec).__name__
+    if name not in VLLM_013_SPECS:
+        raise TargetError(f"vLLM 0.13 has no {name}")
+    vllm_class = getattr(vllm_kv, name)
+    fields = {f.name for f in dataclasses.fields(vllm_class) if f.init}
+    values = {k: getattr(spec, k) for k in fields if hasattr(spec, k)}
+    if "dtype" in values:
+        values["dtype"] = dtype(values["dtype"])
+    if "dtypes" in values:
+        values["dtypes"] = tuple(dtype(d) for d in values["dtypes"])
+    return vllm_class(**values)
 
 
 def vllm_013_layouts(layouts: Sequence[Any]) -> tuple[list[Any], list[str]]:

@@ -115,6 +115,13 @@ class AppendN:
 
 
 @dataclass(frozen=True)
+class PrependN:
+    """vLLM 0.33's ``prepend_n``: blocks to reuse first (freed without a key)."""
+
+    block_ids: tuple[BlockId, ...]
+
+
+@dataclass(frozen=True)
 class GetAllFreeBlocks:
     pass
 
@@ -125,7 +132,7 @@ class NumFreeBlocks:
 
 
 Command = (NewQueue | PopLeft | PopLeftN | Remove | Append | AppendN | GetAllFreeBlocks
-           | NumFreeBlocks)
+           | NumFreeBlocks | PrependN)
 
 
 # --- Operations: small pure functions ----------------------------------------------------------
@@ -221,6 +228,23 @@ def append_n(state: QueueState, block_ids: tuple[BlockId, ...]) -> QueueState:
     return replace(state, free=state.free + block_ids, num_free=state.num_free + len(block_ids))
 
 
+def prepend_n(state: QueueState, block_ids: tuple[BlockId, ...]) -> QueueState:
+    """vLLM 0.33: put blocks at the head, in the order given (the first given is the next
+    popped). All or none, as append_n.
+
+    pre: state.num_free == len(state.free)
+    raises: FreeQueueError
+    post: __return__.free == tuple(block_ids) + state.free
+    """
+    block_ids = tuple(block_ids)
+    _check_ids(state.num_blocks, block_ids)
+    _check_unlisted(block_ids)
+    for block in block_ids:
+        if block in state.free:
+            raise AlreadyQueued(f"block {block} is already in the free queue")
+    return replace(state, free=block_ids + state.free, num_free=state.num_free + len(block_ids))
+
+
 def append(state: QueueState, block_id: BlockId) -> QueueState:
     """Put one block at the tail.
 
@@ -249,6 +273,8 @@ def step(state: QueueState | None, command: Command) -> tuple[QueueState, object
         return append(state, command.block_id), None
     if isinstance(command, AppendN):
         return append_n(state, command.block_ids), None
+    if isinstance(command, PrependN):
+        return prepend_n(state, command.block_ids), None
     if isinstance(command, GetAllFreeBlocks):
         return state, state.free
     if isinstance(command, NumFreeBlocks):

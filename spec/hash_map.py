@@ -98,11 +98,19 @@ class Pop:
 
 
 @dataclass(frozen=True)
+class Contain:
+    """vLLM 0.33's ``contain(key, block_id)``: whether the key holds that block."""
+
+    key: object
+    block_id: object
+
+
+@dataclass(frozen=True)
 class Len:
     pass
 
 
-Command = NewMap | Insert | GetOneBlock | Pop | Len
+Command = NewMap | Insert | GetOneBlock | Pop | Len | Contain
 
 
 # --- Operations --------------------------------------------------------------------------------
@@ -162,6 +170,19 @@ def get_one_block(state: MapState, key: object) -> BlockId | None:
     return blocks[0] if blocks else None
 
 
+def contain(state: MapState, key: object, block_id: object) -> bool:
+    """vLLM 0.33: whether key holds the block with that id (the pool asks before keying a
+    block, so that a key is never listed twice for one block).
+
+    raises: HashMapError
+    post: __return__ == (block_id in blocks_under(state, key))
+    """
+    _check_key(key)
+    if type(block_id) is not int:
+        raise BadBlockId(f"a block id must be an int, got {block_id!r}")
+    return block_id in blocks_under(state, key)
+
+
 def pop(state: MapState, key: object, block_id: object) -> tuple[MapState, BlockId | None]:
     """The block with that id leaves key's blocks and is returned; None (and no change) when
     key does not hold it.
@@ -196,6 +217,8 @@ def step(state: MapState | None, command: Command) -> tuple[MapState, object]:
         return pop(state, command.key, command.block_id)
     if isinstance(command, Len):
         return state, len(state.entries)
+    if isinstance(command, Contain):
+        return state, contain(state, command.key, command.block_id)
     raise TypeError(f"not a hash-map command: {command!r}")
 
 

@@ -54,6 +54,59 @@ class Profile(Enum):
         with no hashes (0.33 builds the event for every call that has a range to cache)."""
         return self is Profile.V0_33
 
+    # vLLM 0.33's block_pool.py, each difference one parameter (the operations are shared):
+
+    @property
+    def touch_is_flat(self) -> bool:
+        """``touch`` takes a flat sequence of blocks and skips the null block (0.33); 0.13's
+        takes a tuple of per-group lists and raises the null block's (unmodelled) ref count.
+        The blocks touched are the same (`touch`, `touch_groups`): the shape is the API's."""
+        return self is Profile.V0_33
+
+    @property
+    def free_skips_null_block(self) -> bool:
+        """``free_blocks`` skips the null block (0.33); 0.13 lowers its ref count, which is
+        not maintained: the same observable state (ref[NULL_BLOCK] stays 0 in the model)."""
+        return self is Profile.V0_33
+
+    @property
+    def multi_key_blocks(self) -> bool:
+        """A block holds a primary key plus partial entries (``cache_partial_block``),
+        promoted to a full key by ``cache_full_blocks``, re-pointed by
+        ``move_block_hashes``; removing a block's keys removes all of them (0.33)."""
+        return self is Profile.V0_33
+
+    @property
+    def reuse_watchers(self) -> bool:
+        """``unpin_blocks(blocks, on_reuse)``: released blocks stay readable on the free
+        queue until reused or reset, when their watcher fires (0.33)."""
+        return self is Profile.V0_33
+
+    @property
+    def forwards_foreign_frees(self) -> bool:
+        """``free_blocks`` hands a block owned by another pool (``KVCacheBlock.pool``) to
+        that pool, one batch per owner (0.33)."""
+        return self is Profile.V0_33
+
+    @property
+    def reports_reused_blocks(self) -> bool:
+        """``emit_cached_block_events``: a Stored event for blocks reused from the prefix
+        cache (``kv_cache_report_mode="full"``), and ``is_block_writable`` (0.33)."""
+        return self is Profile.V0_33
+
+    @property
+    def refusal_frees_skipped_blocks(self) -> bool:
+        """allocate_slots, short of free blocks, still frees the request's blocks that have
+        left the attention window before it returns None (spec.manager.allocate_slots, stage
+        1 before the refusal). Both releases run ``remove_skipped_blocks`` ahead of the
+        capacity check (kv_cache_manager.py: 0.13's "We can do this even if we cannot
+        schedule this request"; 0.33 frees on the processed-token basis, which equals
+        ``num_computed_tokens`` without async steps in flight): those blocks are dead whether
+        or not the allocation goes ahead. 0.33's admission gate (``full_sequence_must_fit``)
+        refuses before that stage, freeing nothing; the manager model has 0.13's parameters
+        and no such gate."""
+        return self in (Profile.V0_13, Profile.V0_33)
+
 
 # --- Events (vllm/distributed/kv_events.py). Hashes are external: the low 64 bits, as ints. ---
 
@@ -135,6 +188,10 @@ class NotPinned(PoolError, LookupError):
     """Unpinning a block that is not pinned."""
 
 
+class NullBlock(PoolError, ValueError):
+    """An operation the null block cannot take part in (unpinning it, keying it)."""
+
+
 class UnknownCommand(PoolError, ValueError):
     """A command that is none of the pool's (`PoolCommand`)."""
 
@@ -165,6 +222,22 @@ class PoolState:
     now: int = 0
     retention: Retention = ()
     pinned: tuple[BlockId, ...] = ()
+    # vLLM 0.33 (`Profile.multi_key_blocks`, `reuse_watchers`, ...); empty under 0.13.
+    # A block's partial entries beside its primary key (``cached_block_hashes_by_block``),
+    # in the order they were added: vLLM keeps them in a set, whose walk the model repeats.
+    partial_keys: tuple[tuple[BlockId, tuple[Key, ...]], ...] = ()
+    # The prefix length (tokens) a block's primary key covers (``block_hash_num_tokens``).
+    key_tokens: tuple[tuple[BlockId, int], ...] = ()
+    # Pending reuse watchers: block -> watcher ids, blocks in the order first watched (a
+    # dict's order), and every firing so far: (watcher id, block).
+    watchers: tuple[tuple[BlockId, tuple[int, ...]], ...] = ()
+    fired: tuple[tuple[int, BlockId], ...] = ()
+    next_watcher: int = 0
+    # Blocks of a foreign owner that free_blocks handed to it, one batch per call.
+    forwarded: tuple[tuple[BlockId, ...], ...] = ()
+    # The indices (into events) of Stored events that report reused blocks
+    # (emit_cached_block_events): a re-announcement, not a new copy.
+    reported: tuple[int, ...] = ()
 
 
 def new_pool(
@@ -255,8 +328,11 @@ def _bound_events(state: PoolState) -> PoolState:
     """
     bound = state.max_pending_events
     pending = len(state.events) - state.num_taken
-    keyed = [(b, key) for b, key in enumerate(state.key_of) if key is not None]
-    if bound is None or pending <= bound or pending < 2 * (len(keyed) + 1):
+    if bound is None or pending <= bound:
+        return state
+    keyed = [(b, key) for b, key in enumerate(state.key_of) if key is not None] + [
+        (b, key) for b, keys in state.partial_keys for key in keys]
+    if pending < 2 * (len(keyed) + 1):
         return state
     # A key's group always has a size: a key is set with its Stored event, which records it
     # (the 0 keeps this total over the arbitrary states CrossHair tries).
@@ -266,7 +342,8 @@ def _bound_events(state: PoolState) -> PoolState:
                None)
         for _, key in keyed)
     return replace(state, events=state.events[:state.num_taken] + snapshot,
-                   num_collapses=state.num_collapses + 1)
+                   num_collapses=state.num_collapses + 1,
+                   reported=tuple(i for i in state.reported if i < state.num_taken))
 
 
 def _check_ids(state: PoolState, blocks: Iterable[BlockId]) -> None:
@@ -275,17 +352,80 @@ def _check_ids(state: PoolState, blocks: Iterable[BlockId]) -> None:
             raise OutOfPool(f"block {block!r} is not in this pool of {state.num_blocks} blocks")
 
 
-def _uncache(state: PoolState, block: BlockId) -> PoolState:
-    """Drop a block's key, if it has one, from the block and from the map (vLLM's eviction)."""
+def _uncache(state: PoolState, block: BlockId, emit: bool = True,
+             ) -> tuple[PoolState, tuple[Key, ...]]:
+    """Drop every key of a block, if it has any, from the block and from the map (vLLM's
+    eviction, ``_remove_cached_block_hashes``): the primary key, then its partial entries
+    in the order vLLM's set walks them, one Removed event per key (none when not ``emit``:
+    move_block_hashes). The keys removed, in that order."""
     key = state.key_of[block]
     if key is None:
-        return state
-    remaining = tuple(b for b in _blocks_under(state, key) if b != block)
-    state = _with_blocks_under(state, key, remaining)
+        return state, ()
+    keys = (key,) + _walk_set(partials_of(state, block))
+    for removed in keys:
+        remaining = tuple(b for b in _blocks_under(state, removed) if b != block)
+        state = _with_blocks_under(state, removed, remaining)
     # A retention priority is the cached content's: it goes with the key.
     state = replace(state, key_of=_set_key(state.key_of, block, None),
                     retention=tuple(e for e in state.retention if e[0] != block))
-    return _emit(state, Removed((external_hash(key),)))
+    if state.partial_keys or state.key_tokens:
+        state = replace(state,
+                        partial_keys=tuple(e for e in state.partial_keys if e[0] != block),
+                        key_tokens=tuple(e for e in state.key_tokens if e[0] != block))
+    if emit:
+        for removed in keys:
+            state = _emit(state, Removed((external_hash(removed),)))
+    return state, keys
+
+
+def _walk_set(keys: tuple[Key, ...]) -> tuple[Key, ...]:
+    """The order in which a set built by adding keys one by one, in this order, is walked:
+    vLLM keeps a block's partial entries in a set (``cached_block_hashes_by_block``) and
+    removes (and re-points) them in its iteration order, which the model repeats (within one
+    process it depends only on the keys and the order they were added)."""
+    if len(keys) < 2:
+        return keys
+    walked: set[Key] = set()
+    for key in keys:
+        walked.add(key)
+    return tuple(walked)
+
+
+def partials_of(state: PoolState, block: BlockId) -> tuple[Key, ...]:
+    for owner, keys in state.partial_keys:
+        if owner == block:
+            return keys
+    return ()
+
+
+def keys_of(state: PoolState, block: BlockId) -> tuple[Key, ...]:
+    """Every key a block holds: its primary key, then its partial entries (0.33)."""
+    key = state.key_of[block]
+    return () if key is None else (key,) + partials_of(state, block)
+
+
+def key_tokens_of(state: PoolState, block: BlockId) -> int | None:
+    """The prefix length a block's primary key covers (None: no key, or a 0.13 key)."""
+    return dict(state.key_tokens).get(block)
+
+
+def _insert_key(state: PoolState, key: Key, block: BlockId, num_tokens: int | None,
+                ) -> PoolState:
+    """vLLM 0.33's ``_insert_block_hash``: a key the block already holds changes nothing;
+    a block without a key takes it as its primary key (covering num_tokens), else as a
+    partial entry; the map lists the block under the key, last."""
+    if state.key_of[block] == key or block in _blocks_under(state, key):
+        return state
+    if state.key_of[block] is None:
+        state = replace(state, key_of=_set_key(state.key_of, block, key))
+        if num_tokens is not None:
+            state = replace(state, key_tokens=tuple(sorted(
+                tuple(e for e in state.key_tokens if e[0] != block) + ((block, num_tokens),))))
+    else:
+        others = tuple(e for e in state.partial_keys if e[0] != block)
+        entry = (block, partials_of(state, block) + (key,))
+        state = replace(state, partial_keys=tuple(sorted(others + (entry,))))
+    return _with_blocks_under(state, key, _blocks_under(state, key) + (block,))
 
 
 def _keyed(state: PoolState) -> frozenset[BlockId]:
@@ -316,8 +456,10 @@ def get_new_blocks(state: PoolState, n: int) -> tuple[PoolState, tuple[BlockId, 
         raise NotEnoughFree(f"Cannot get {n} free blocks from the pool ({len(state.free)} free)")
     taken = eviction_order(state)[:n]
     state = replace(state, free=tuple(b for b in state.free if b not in taken))
+    if state.watchers:  # a block still read by a watcher is handed out: tell it first
+        state = _fire_watchers(state, taken)
     for block in taken:
-        state = _uncache(state, block)
+        state = _uncache(state, block)[0]
         state = replace(state, ref=_set(state.ref, block, 1))
     return _bound_events(state), taken
 
@@ -417,8 +559,12 @@ def cache_full_blocks(
     new = [(b, make_key(h, group_id)) for b, h in
            zip(blocks[num_cached:num_full], block_hashes[num_cached:num_full], strict=True)
            if b != NULL_BLOCK]
+    # The prefix length each new block's key covers (0.33 records it: promotion reads it).
+    tokens = {b: (i + 1) * block_size for i, b in enumerate(blocks[:num_full])
+              if i >= num_cached and b != NULL_BLOCK} if state.profile.multi_key_blocks else {}
     for block, _ in new:
-        if state.key_of[block] is not None:
+        if state.key_of[block] is not None and not (
+                tokens and promotable(state, block, tokens[block])):
             raise AlreadyCached(f"block {block} already has a key")
     if len({b for b, _ in new}) != len(new):
         raise AlreadyCached(f"a block appears twice in {[b for b, _ in new]}")
@@ -428,9 +574,16 @@ def cache_full_blocks(
                 E.check_hint(hint)
             except ValueError as error:
                 raise BadRetention(str(error)) from None
-    for block, key in new:
-        state = replace(state, key_of=_set_key(state.key_of, block, key))
-        state = _with_blocks_under(state, key, _blocks_under(state, key) + (block,))
+    if state.profile.multi_key_blocks:
+        for block, key in new:
+            # A partial entry's block becomes full: its keys go (one Removed each) and the
+            # full key takes their place.
+            state = _uncache(state, block)[0]
+            state = _insert_key(state, key, block, tokens[block])
+    else:
+        for block, key in new:
+            state = replace(state, key_of=_set_key(state.key_of, block, key))
+            state = _with_blocks_under(state, key, _blocks_under(state, key) + (block,))
     if state.policy.has_priorities and retention:
         for index in range(num_cached, num_full):
             covering = E.block_retention(retention, index, block_size)
@@ -450,6 +603,13 @@ def cache_full_blocks(
         sizes[group_id] = block_size
         state = replace(state, group_block_sizes=tuple(sorted(sizes.items())))
     return _bound_events(state)
+
+
+def promotable(state: PoolState, block: BlockId, num_tokens: int) -> bool:
+    """A keyed block whose key covers a shorter prefix than num_tokens may be keyed again
+    (0.33: a partial entry promoted to a full key); never under 0.13."""
+    covered = key_tokens_of(state, block) if state.profile.multi_key_blocks else None
+    return covered is not None and covered < num_tokens
 
 
 def get_cached_block(
@@ -486,7 +646,7 @@ def evict_blocks(state: PoolState, block_ids: Iterable[BlockId]) -> PoolState:
         if block in state.pinned:
             raise PinRefused(f"block {block} is pinned: unpin it before evicting it")
     for block in ids:
-        state = _uncache(state, block)
+        state = _uncache(state, block)[0]
     return _bound_events(state)
 
 
@@ -498,7 +658,10 @@ def reset_prefix_cache(state: PoolState) -> tuple[PoolState, bool]:
     """
     if len(state.free) != state.num_blocks - 1:
         return state, False
-    state = replace(state, key_of=(None,) * state.num_blocks, cached=(), retention=())
+    state = replace(state, key_of=(None,) * state.num_blocks, cached=(), retention=(),
+                    partial_keys=(), key_tokens=())
+    if state.watchers:  # a reset ends every read of a released block
+        state = _fire_watchers(state, tuple(b for b, _ in state.watchers))
     return _bound_events(_emit(state, Cleared())), True
 
 
@@ -628,6 +791,200 @@ def take_events(state: PoolState) -> tuple[PoolState, tuple[Event, ...]]:
     return replace(state, num_taken=len(state.events)), state.events[state.num_taken :]
 
 
+# --- vLLM 0.33's new operations (each behind its `Profile` parameter) -----------------------
+
+
+def _require_profile(state: PoolState, has: bool, what: str) -> None:
+    if not has:
+        raise NotSupported(f"the {state.profile.value} pool has no {what}")
+
+
+def touch_groups(state: PoolState, groups: Sequence[Sequence[BlockId]]) -> PoolState:
+    """0.13's ``touch(tuple_of_group_lists)``: the blocks of every group, in order (the null
+    block's ref count, which 0.13 raises, is not modelled). 0.33 takes the flat sequence
+    (`touch`, `Profile.touch_is_flat`).
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
+    post: __return__ == touch(state, [b for group in groups for b in group])
+    """
+    return touch(state, [b for group in groups for b in group])
+
+
+def _fire_watchers(state: PoolState, blocks: Iterable[BlockId]) -> PoolState:
+    """Every pending watcher of these blocks fires once (in the order registered) and is
+    gone: the reader of a released block learns that its contents are no longer there."""
+    pending = dict(state.watchers)
+    fired = state.fired
+    for block in blocks:
+        fired += tuple((watcher, block) for watcher in pending.pop(block, ()))
+    return replace(state, watchers=tuple(pending.items()), fired=fired)
+
+
+def unpin_with_watcher(state: PoolState, blocks: Sequence[BlockId]) -> PoolState:
+    """vLLM 0.33's ``unpin_blocks(blocks, on_reuse)``: release one reference to each block
+    listed (a block listed twice: twice) while a reader still reads it. One watcher (the
+    call's ``on_reuse``, numbered ``next_watcher``) is registered on each block; blocks that
+    reach ref 0 join the free order's tail whatever their key (last-resort eviction
+    candidates) and count as free. The watcher fires when get_new_blocks hands the block out
+    or the prefix cache is reset. A block may have several pending watchers (several
+    readers): each fires once (`pool_invariants.watchers_fire_at_most_once`).
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
+    post: __return__.next_watcher == state.next_watcher + 1
+    post: len(__return__.free) >= len(state.free)
+    """
+    _require_profile(state, state.profile.reuse_watchers, "unpin_blocks(blocks, on_reuse)")
+    _check_ids(state, blocks)
+    for position, block in enumerate(blocks):
+        if block == NULL_BLOCK:
+            raise NullBlock("the null block cannot be unpinned")
+        if state.ref[block] <= blocks[:position].count(block):
+            raise NotInUse(f"block {block} is unpinned with ref count "
+                           f"{state.ref[block] - blocks[:position].count(block)}")
+    watcher = state.next_watcher
+    ref = state.ref
+    released: tuple[BlockId, ...] = ()
+    pending = dict(state.watchers)
+    for block in blocks:
+        ref = _set(ref, block, ref[block] - 1)
+        if ref[block] == 0:
+            released += (block,)
+        if watcher not in pending.get(block, ()):
+            pending[block] = pending.get(block, ()) + (watcher,)
+    return replace(state, ref=ref, free=state.free + released, watchers=tuple(pending.items()),
+                   next_watcher=watcher + 1)
+
+
+def cache_partial_block(
+    state: PoolState, block: BlockId, block_hashes: Sequence[bytes], num_tokens: int,
+    group_id: int, block_size: int, hash_block_size: int, token_ids: Sequence[int] = (),
+    lora_id: int | None = None, replace_existing: bool = False,
+) -> tuple[PoolState, Key | None]:
+    """vLLM 0.33's ``cache_partial_block``: make a block reachable from the prefix boundary
+    at num_tokens (a multiple of hash_block_size) under the request's chain hash there.
+
+    A block without a key takes it as its primary key; a block whose primary key covers a
+    shorter prefix loses all its keys first (promotion); otherwise it becomes a partial
+    entry beside the primary key. ``replace_existing`` (new contents) removes every key of
+    the block first. Removed keys emit one Removed each; a key new to the block emits one
+    Stored of the hash-block span ending at num_tokens. The output is the key (None for the
+    null block). With caching off it is refused (0.33's callers only call it with caching
+    on; the pool itself would key the block).
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    pre: 0 <= group_id < 2 ** 32
+    raises: PoolError
+    post: __return__[1] is None or __return__[1] in keys_of(__return__[0], block)
+    """
+    _require_profile(state, state.profile.multi_key_blocks, "cache_partial_block")
+    _check_ids(state, (block,))
+    if block == NULL_BLOCK:
+        return state, None
+    if not state.enable_caching:
+        raise NotSupported("cache_partial_block with prefix caching off")
+    if hash_block_size < 1 or block_size % hash_block_size:
+        raise BadHash(f"block size {block_size} is not a multiple of the hash block size "
+                      f"{hash_block_size}")
+    if num_tokens <= 0 or num_tokens % hash_block_size or (
+            num_tokens // hash_block_size > len(block_hashes)):
+        raise BadHash(f"no partial entry at {num_tokens} tokens: not a positive multiple of "
+                      f"{hash_block_size} within {len(block_hashes)} hashes")
+    num_hash_blocks = num_tokens // hash_block_size
+    key = make_key(block_hashes[num_hash_blocks - 1], group_id)
+    already = state.key_of[block] == key or block in _blocks_under(state, key)
+    covered = key_tokens_of(state, block)
+    if replace_existing or (not already and covered is not None and covered < num_tokens):
+        state = _uncache(state, block)[0]
+        already = False
+    state = _insert_key(state, key, block, num_tokens)
+    if not already:
+        start = num_tokens - hash_block_size
+        parent = (external_hash(make_key(block_hashes[num_hash_blocks - 2], group_id))
+                  if num_hash_blocks > 1 else None)
+        state = _emit(state, Stored((external_hash(key),), parent, tuple(token_ids),
+                                    num_tokens - start, lora_id))
+    return _bound_events(state), key
+
+
+def move_block_hashes(state: PoolState, src: BlockId, dst: BlockId) -> PoolState:
+    """vLLM 0.33's ``move_block_hashes`` (copy-on-write): every key of src moves to dst,
+    which must have none (the primary key first, keeping its prefix length; the partial
+    entries after it, in the order vLLM's set walks them). The entries stay live: no events.
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
+    post: __return__.events == state.events
+    post: __return__.key_of[src] is None or src == dst
+    """
+    _require_profile(state, state.profile.multi_key_blocks, "move_block_hashes")
+    _check_ids(state, (src, dst))
+    if dst == NULL_BLOCK:
+        raise NullBlock("the null block cannot take keys")
+    if state.key_of[dst] is not None or partials_of(state, dst):
+        raise AlreadyCached(f"block {dst} already has a key")
+    num_tokens = key_tokens_of(state, src)
+    state, keys = _uncache(state, src, emit=False)
+    for index, key in enumerate(keys):
+        state = _insert_key(state, key, dst, num_tokens if index == 0 else None)
+    return state
+
+
+def is_block_writable(state: PoolState, block: BlockId) -> bool:
+    """vLLM 0.33's ``is_block_writable``: its sole owner may write a block that is not null,
+    held once, and has no key (nobody else can reach it).
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
+    post: __return__ == (block != 0 and state.ref[block] == 1 and state.key_of[block] is None)
+    """
+    _require_profile(state, state.profile.reports_reused_blocks, "is_block_writable")
+    _check_ids(state, (block,))
+    return block != NULL_BLOCK and state.ref[block] == 1 and state.key_of[block] is None
+
+
+def emit_cached_block_events(
+    state: PoolState, block_hashes: Sequence[bytes], num_cached: int, block_size: int,
+    group_id: int, token_ids: Sequence[int] = (), lora_id: int | None = None,
+) -> PoolState:
+    """vLLM 0.33's ``emit_cached_block_events`` (``kv_cache_report_mode="full"``): one
+    Stored event for a request's first num_cached blocks, reused from the prefix cache,
+    with no parent; nothing else changes. The event re-announces cached copies (its index
+    is kept in ``reported``): a consumer counting copies skips it.
+
+    pre: 0 <= group_id < 2 ** 32
+    raises: PoolError
+    post: __return__.key_of == state.key_of and __return__.free == state.free
+    """
+    _require_profile(state, state.profile.reports_reused_blocks, "emit_cached_block_events")
+    if not 0 <= num_cached <= len(block_hashes):
+        raise BadHash(f"cannot report {num_cached} cached blocks of {len(block_hashes)} hashes")
+    if not state.enable_events or num_cached == 0:
+        return state
+    hashes = tuple(external_hash(make_key(h, group_id)) for h in block_hashes[:num_cached])
+    state = _emit(state, Stored(hashes, None, tuple(token_ids), block_size, lora_id))
+    state = replace(state, reported=state.reported + (len(state.events) - 1,))
+    return _bound_events(state)
+
+
+def free_blocks_forwarding(state: PoolState, blocks: Sequence[BlockId],
+                           foreign: Sequence[BlockId]) -> PoolState:
+    """vLLM 0.33's ``free_blocks`` over the pool's own blocks and blocks another pool owns
+    (``KVCacheBlock.pool``): the own ones are freed here (`free_blocks`), the foreign ones
+    handed to their owner's ``free_blocks`` in one batch, in the order listed, after them.
+    Nothing of this pool's state reads a foreign block.
+
+    pre: len(state.ref) == len(state.key_of) == state.num_blocks
+    raises: PoolError
+    post: __return__.forwarded == state.forwarded + ((tuple(foreign),) if foreign else ())
+    """
+    _require_profile(state, state.profile.forwards_foreign_frees, "frees forwarded to a block's "
+                     "owning pool")
+    state = free_blocks(state, blocks)
+    return replace(state, forwarded=state.forwarded + (tuple(foreign),)) if foreign else state
+
+
 # --- Operations as data (conformance.lockstep) --------------------------------------------
 # One frozen value per call of the pool's public API; `step` is the one semantics function the
 # machines, the explorer, the CrossHair program contract and the audit's counterexamples share.
@@ -737,10 +1094,71 @@ class UnpinBlocks:
     block_ids: tuple[BlockId, ...]
 
 
+# vLLM 0.33's operations (refused with NotSupported under vllm-0.13).
+
+
+@dataclass(frozen=True)
+class CachePartialBlock:
+    """``cache_partial_block``: ``token_ids`` are the request's tokens of the hash block
+    ending at num_tokens (the event's); the request's hashes are ``block_hashes``."""
+
+    block_id: BlockId
+    block_hashes: tuple[bytes, ...]
+    num_tokens: int
+    group_id: int
+    block_size: int
+    hash_block_size: int
+    token_ids: tuple[int, ...] = ()
+    lora_id: int | None = None
+    replace_existing: bool = False
+
+
+@dataclass(frozen=True)
+class MoveBlockHashes:
+    src: BlockId
+    dst: BlockId
+
+
+@dataclass(frozen=True)
+class UnpinWithWatcher:
+    """``unpin_blocks(blocks, on_reuse)``: the watcher is the call's, numbered in order."""
+
+    block_ids: tuple[BlockId, ...]
+
+
+@dataclass(frozen=True)
+class IsBlockWritable:
+    block_id: BlockId
+
+
+@dataclass(frozen=True)
+class EmitCachedBlockEvents:
+    """``token_ids``: the request's first num_cached x block_size tokens."""
+
+    block_hashes: tuple[bytes, ...]
+    num_cached: int
+    block_size: int
+    group_id: int
+    token_ids: tuple[int, ...] = ()
+    lora_id: int | None = None
+
+
+@dataclass(frozen=True)
+class FreeWithForeign:
+    """``free_blocks`` over this pool's blocks and, after them, blocks of a foreign owner
+    (their ids in that pool)."""
+
+    block_ids: tuple[BlockId, ...]
+    foreign_ids: tuple[BlockId, ...]
+
+
 PoolCommand = (NewPool | GetNewBlocks | FreeBlocks | Touch | CacheFullBlocks | GetCachedBlock
                | GetCachedPrefix | EvictBlocks | ResetPrefixCache | TakeEvents
                | GetNumFreeBlocks | GetUsage | SetRetention | AdvanceClock | PinBlocks
-               | UnpinBlocks)
+               | UnpinBlocks | CachePartialBlock | MoveBlockHashes | UnpinWithWatcher
+               | IsBlockWritable | EmitCachedBlockEvents | FreeWithForeign)
+V0_33_COMMANDS = (CachePartialBlock, MoveBlockHashes, UnpinWithWatcher, IsBlockWritable,
+                  EmitCachedBlockEvents, FreeWithForeign)
 POLICY_COMMANDS = (SetRetention, AdvanceClock, PinBlocks, UnpinBlocks)
 
 
@@ -799,4 +1217,28 @@ def step(state: PoolState | None, command: PoolCommand) -> tuple[PoolState, obje
         return unpin_blocks(state, command.block_ids), None
     if isinstance(command, GetUsage):
         return state, usage(state)
+    if isinstance(command, V0_33_COMMANDS):
+        return _step_0_33(state, command)
+    raise UnknownCommand(f"not a pool command: {command!r}")
+
+
+def _step_0_33(state: PoolState, command: PoolCommand) -> tuple[PoolState, object]:
+    """`step` for vLLM 0.33's operations."""
+    if isinstance(command, CachePartialBlock):
+        c = command
+        return cache_partial_block(state, c.block_id, c.block_hashes, c.num_tokens, c.group_id,
+                                   c.block_size, c.hash_block_size, c.token_ids, c.lora_id,
+                                   c.replace_existing)
+    if isinstance(command, MoveBlockHashes):
+        return move_block_hashes(state, command.src, command.dst), None
+    if isinstance(command, UnpinWithWatcher):
+        return unpin_with_watcher(state, command.block_ids), None
+    if isinstance(command, IsBlockWritable):
+        return state, is_block_writable(state, command.block_id)
+    if isinstance(command, EmitCachedBlockEvents):
+        c2 = command
+        return emit_cached_block_events(state, c2.block_hashes, c2.num_cached, c2.block_size,
+                                        c2.group_id, c2.token_ids, c2.lora_id), None
+    if isinstance(command, FreeWithForeign):
+        return free_blocks_forwarding(state, command.block_ids, command.foreign_ids), None
     raise UnknownCommand(f"not a pool command: {command!r}")

@@ -39,15 +39,20 @@ def ref_counts_nonnegative(state: PoolState) -> bool:
 
 
 def null_block_never_free_never_keyed(state: PoolState) -> bool:
-    """The null block is never in the free order, never has a key, never sits in the map."""
+    """The null block is never in the free order, never has a key (primary or partial),
+    never sits in the map, and is never watched (0.33 refuses to unpin it)."""
     in_map = any(NULL_BLOCK in blocks for _, blocks in state.cached)
-    return NULL_BLOCK not in state.free and state.key_of[NULL_BLOCK] is None and not in_map
+    return (NULL_BLOCK not in state.free and state.key_of[NULL_BLOCK] is None and not in_map
+            and all(b != NULL_BLOCK for b, _ in state.partial_keys)
+            and all(b != NULL_BLOCK for b, _ in state.watchers))
 
 
 def key_map_agrees_with_block_keys(state: PoolState) -> bool:
-    """Every block under key k in the map has key k, and every keyed block is under its key."""
+    """Every block under key k in the map has key k (its primary key or, under 0.33, one of
+    its partial entries), and every key of a block lists the block under it."""
     listed = [(key, b) for key, blocks in state.cached for b in blocks]
-    keyed = [(key, b) for b, key in enumerate(state.key_of) if key is not None]
+    keyed = [(key, b) for b, key in enumerate(state.key_of) if key is not None] + [
+        (key, b) for b, keys in state.partial_keys for key in keys]
     return len(listed) == len(set(listed)) and set(listed) == set(keyed)
 
 
@@ -73,15 +78,24 @@ def events_replay_to_cached_keys(state: PoolState) -> bool:
     if not state.enable_events:
         return not state.events
     replayed: Counter[int] = Counter()
-    for event in state.events:
+    reports = frozenset(state.reported)
+    for index, event in enumerate(state.events):
         if isinstance(event, Stored):
+            if index in reports:  # a reused block re-announced: no new copy
+                continue
             replayed.update(event.hashes)
         elif isinstance(event, Removed):
             replayed.subtract(event.hashes)
         elif isinstance(event, Cleared):
             replayed.clear()
-    expected = Counter(external_hash(key) for key in state.key_of if key is not None)
-    return +replayed == expected and all(n >= 0 for n in replayed.values())
+    return +replayed == _copies(state) and all(n >= 0 for n in replayed.values())
+
+
+def _copies(state: PoolState) -> Counter[int]:
+    """Each physical copy's hash: one per key of each block (primary and partial)."""
+    copies = Counter(external_hash(key) for key in state.key_of if key is not None)
+    copies.update(external_hash(key) for _, keys in state.partial_keys for key in keys)
+    return copies
 
 
 def pending_events_within_bound(state: PoolState) -> bool:
@@ -91,7 +105,8 @@ def pending_events_within_bound(state: PoolState) -> bool:
     bound = state.max_pending_events
     if bound is None:
         return True
-    keyed = sum(1 for key in state.key_of if key is not None)
+    keyed = sum(1 for key in state.key_of if key is not None) + sum(
+        len(keys) for _, keys in state.partial_keys)
     return len(state.events) - state.num_taken <= max(bound, 2 * keyed + 1)
 
 
@@ -146,8 +161,66 @@ def allocated_blocks_are_fresh(state: PoolState, allocated: tuple[BlockId, ...])
     """Blocks just returned by get_new_blocks have ref count 1, no key and no retention
     priority (the evicted content's priority went with its key)."""
     prioritised = {b for b, _, _ in state.retention}
+    partial = {b for b, _ in state.partial_keys}
     return all(state.ref[b] == 1 and state.key_of[b] is None and b not in prioritised
-               for b in allocated)
+               and b not in partial for b in allocated)
+
+
+# --- vLLM 0.33's pool (spec.pool's Profile.V0_33 operations) --------------------------------
+
+
+def partial_key_never_outlives_its_block(state: PoolState) -> bool:
+    """A partial entry lives only beside its block's primary key: a block with partial
+    entries has a primary key, holds no entry twice nor its primary key among them, and the
+    map lists it under each. A reused or reset block has none left, so no map entry points
+    at a block whose contents were replaced."""
+    cached = dict(state.cached)
+    blocks = [b for b, _ in state.partial_keys]
+    return len(set(blocks)) == len(blocks) and all(
+        keys and state.key_of[b] is not None and state.key_of[b] not in keys
+        and len(set(keys)) == len(keys) and all(b in cached.get(key, ()) for key in keys)
+        for b, keys in state.partial_keys)
+
+
+def watchers_fire_at_most_once(state: PoolState) -> bool:
+    """Every reuse watcher fires at most once per block it watches, and a watcher that has
+    fired for a block is no longer pending on it; pending watchers are on real blocks."""
+    pending = {(w, b) for b, ids in state.watchers for w in ids}
+    return (len(set(state.fired)) == len(state.fired) and not pending & set(state.fired)
+            and all(0 < b < state.num_blocks and ids for b, ids in state.watchers))
+
+
+def event_log_has_one_store_one_remove_per_copy(state: PoolState) -> bool:
+    """vLLM's event contract: each physical copy of a hash (a key of a block) is announced
+    by one store and withdrawn by one remove. Walking the log (reports of reused blocks
+    skipped, Cleared starting afresh), no remove comes without a live store of its hash,
+    and the live stores at the end are exactly the copies the pool holds."""
+    if not state.enable_events:
+        return not state.events
+    live: Counter[int] = Counter()
+    reports = frozenset(state.reported)
+    for index, event in enumerate(state.events):
+        if isinstance(event, Cleared):
+            live.clear()
+        elif isinstance(event, Stored) and index not in reports:
+            live.update(event.hashes)
+        elif isinstance(event, Removed):
+            for removed in event.hashes:
+                if live[removed] <= 0:
+                    return False
+                live[removed] -= 1
+    return +live == _copies(state)
+
+
+def watched_blocks_fire_when_handed_out(before: PoolState, taken: tuple[BlockId, ...],
+                                        after: PoolState) -> bool:
+    """A block with a pending watcher is never handed out silently: every watcher pending
+    on a block get_new_blocks took has fired for it, and none is pending on it after."""
+    pending = dict(before.watchers)
+    fired = set(after.fired)
+    left = {b for b, _ in after.watchers}
+    return all((w, b) in fired for b in taken for w in pending.get(b, ())) and not (
+        left & set(taken))
 
 
 Invariant = Callable[[PoolState], bool]
@@ -167,6 +240,12 @@ ALL: tuple[Invariant, ...] = (
     no_expired_priority,
     priorities_only_on_cached_blocks,
 )
+# vLLM 0.33's: checked by the vllm-0.33 machine only (the 0.13 states have none of it).
+V0_33: tuple[Invariant, ...] = (
+    partial_key_never_outlives_its_block,
+    watchers_fire_at_most_once,
+    event_log_has_one_store_one_remove_per_copy,
+)
 # The eviction policies' state invariants (the manager machine checks them on its pool too).
 # The cap on pins is no state invariant of a target: a pin over it is a call the spec refuses
 # (spec.pool.pin_blocks, whose contract CrossHair checks), compared call by call.
@@ -175,4 +254,5 @@ POLICY: tuple[Invariant, ...] = ALL[-3:]
 
 def violated(state: PoolState) -> list[str]:
     """The names of the invariants that do not hold in state."""
-    return [inv.__name__ for inv in ALL if not inv(state)]
+    checked = ALL + V0_33 if state.profile.value == "vllm-0.33" else ALL
+    return [inv.__name__ for inv in checked if not inv(state)]

@@ -13,8 +13,15 @@ from kvspec.conformance.free_queue_machine import adapter_for, machine_for
 from kvspec.conformance.lockstep import Discrepancy, Lockstep, counterexample_source
 from kvspec.conformance.vllm_targets import TargetError
 from kvspec.spec import free_queue as model
+from kvspec.spec.pool import Profile
 
 TestImplFreeQueueConformsToSpec = machine_for(adapter_for("impl")).TestCase
+
+# vLLM 0.33's prepend_n (the vllm-0.33 profile's rule), once impl has it; vLLM 0.33's own class
+# is driven by tests/test_audit_vllm_033.py.
+if adapter_for("impl")().classes.api == "vllm-0.33":
+    TestImplFreeQueueConformsToSpec033 = machine_for(
+        adapter_for("impl"), profile=Profile.V0_33).TestCase
 
 
 # --- counterexamples: the audit's written programs run with plain pytest, anywhere --------------

@@ -18,8 +18,15 @@ from kvspec.conformance.lockstep import (
 )
 from kvspec.conformance.vllm_targets import TargetError
 from kvspec.spec import hash_map as model
+from kvspec.spec.pool import Profile
 
 TestImplHashMapConformsToSpec = machine_for(adapter_for("impl")).TestCase
+
+# vLLM 0.33's contain (the vllm-0.33 profile's rule), once impl has it; vLLM 0.33's own class
+# is driven by tests/test_audit_vllm_033.py.
+if adapter_for("impl")().classes.api == "vllm-0.33":
+    TestImplHashMapConformsToSpec033 = machine_for(
+        adapter_for("impl"), profile=Profile.V0_33).TestCase
 
 
 @pytest.mark.parametrize("second_key", [KEYS[0], KEYS[1]], ids=["same key", "second key"])
