@@ -51,7 +51,6 @@ LoRA id, and the caching hot path the work of storing them, to serve only the ra
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice, repeat, takewhile
@@ -60,7 +59,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, SupportsIndex, over
 
 from mypy_extensions import mypyc_attr
 
-from kvspec.impl import host_types
+from kvspec.impl import host_profile, host_types
 from kvspec.impl.checks import BlockLike, Flag, HashBytes, Text, as_int
 from kvspec.impl.errors import (
     BlockAlreadyCachedError as BlockAlreadyCachedError,
@@ -125,15 +124,12 @@ def pool_api_of_vllm(version: str) -> str:
 
 
 def default_pool_api() -> str:
-    """The API a ``BlockPool`` built without ``vllm_api`` serves: that of the vLLM installed
-    beside kvspec (its package metadata; vLLM itself is not imported), 0.13's without one.
+    """The API a ``BlockPool`` built without ``vllm_api`` serves: that of this Python's vLLM
+    (``host_profile.host_vllm_version``; vLLM itself is not imported), 0.13's without one.
     So ``kvspec.impl`` inside a vLLM 0.33 process is 0.33's pool with or without the plugin."""
     if not _default_api:
-        try:
-            version = importlib.metadata.version("vllm")
-        except importlib.metadata.PackageNotFoundError:
-            version = "0.13"
-        _default_api.append(pool_api_of_vllm(version))
+        version = host_profile.host_vllm_version()  # the one rule for "this Python's vLLM"
+        _default_api.append(pool_api_of_vllm("0.13" if version is None else version))
     return _default_api[0]
 
 
