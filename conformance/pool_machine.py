@@ -271,14 +271,25 @@ class PoolMachine(LockstepMachine[PoolState]):
         n = self.spec.num_blocks
         self.lockstep(model.EvictBlocks(tuple(dict.fromkeys(b % n for b in block_ids))))
 
-    @precondition(maintenance_now)
+    def idle_policy_pool(self) -> bool:
+        """A policy's pool with no block in use: an idle engine, when an operator resets the
+        prefix cache (after a weight update). Its machine resets whenever it finds one, so
+        that the blocks' retention priorities and pins meet a reset; rarely otherwise."""
+        return (self.built and self.policy is not None
+                and not any(self.spec.ref[b] for b in range(1, self.spec.num_blocks)))
+
+    @precondition(lambda self: self.maintenance_now() or self.idle_policy_pool())
     @rule(attempt=st.integers(0, 3))
     def reset_prefix_cache(self, attempt: int) -> None:
-        """Reset the prefix cache (as after a weight update); tried on a quarter of draws."""
-        if attempt:
+        """Reset the prefix cache (as after a weight update); tried on a quarter of draws
+        (every draw on an idle policy pool)."""
+        if attempt and not self.idle_policy_pool():
             return
+        had_priorities = bool(self.spec.retention)
         done = self.lockstep(model.ResetPrefixCache())
         event(f"reset {'succeeded' if done else 'refused: blocks in use'}")
+        if done and had_priorities:
+            event("reset dropped retention priorities")
 
     # -- rules: what an eviction policy offers (spec.eviction) ---------------------------
 

@@ -162,7 +162,7 @@ MUTANTS = [
     Mutant("expired_priority_never_reverts", "an expired priority is still used",
            expired_priority_never_reverts, PRIORITY, "no_expired_priority"),
     Mutant("evicted_block_keeps_priority", "an evicted block keeps its priority",
-           evicted_block_keeps_priority, PRIORITY, "allocated_blocks_are_fresh"),
+           evicted_block_keeps_priority, PRIORITY, "priorities_only_on_cached_blocks"),
     Mutant("reset_keeps_priorities", "reset_prefix_cache keeps the blocks' priorities",
            reset_keeps_priorities, PRIORITY, "priorities_only_on_cached_blocks"),
     Mutant("reprioritised_free_block_not_requeued",

@@ -377,7 +377,7 @@ MUTANTS = [
     Mutant("free_block_reports_negative_ref", "a shared block reports a negative ref_cnt",
            free_block_reports_negative_ref, MACHINE, "ref_counts_nonnegative"),
     Mutant("take_events_keeps_queue", "take_events does not clear the queue",
-           take_events_keeps_queue, MACHINE, "pending events: target"),
+           take_events_keeps_queue, MACHINE, "events_replay_to_cached_keys"),
     Mutant("alloc_hands_out_tail_first", "get_new_blocks returns its blocks in reverse order",
            alloc_hands_out_tail_first, MACHINE, "GetNewBlocks(n="),
     Mutant("take_events_newest_first", "take_events hands out events newest first",
