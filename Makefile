@@ -47,8 +47,8 @@ test: setup
 # The conformance machines and the hostile-input suite on the Python sources (make test runs
 # the compiled build).
 test-pure: setup
-	KVSPEC_PURE_PYTHON=1 $(PY) -m pytest tests/test_pool_machine.py tests/test_manager_machine.py \
-		tests/hostile
+	KVSPEC_PURE_PYTHON=1 $(PY) -m pytest -n auto tests/test_pool_machine.py \
+		tests/test_manager_machine.py tests/hostile
 
 check: setup
 	@# mypy reads the package as the wheel lays it out (scripts/package_view.py); its messages
