@@ -571,7 +571,8 @@ class BlockPool(BlockOwner):
         self._shared: set[KVCacheBlock] = set()  # ref >= 2; block.extra_refs = ref - 1
         self._key_of: dict[KVCacheBlock, bytes] = {}  # keyed block -> its block hash
         self._group_of: dict[KVCacheBlock, int] = {}  # keyed block -> its group, if not 0
-        self.kv_event_queue: list[KVCacheEvent] = []
+        # Behind the kv_event_queue property (see there why).
+        self._pending_events: list[KVCacheEvent] = []
         # The eviction policy (impl/eviction.py); None is vLLM 0.13's LRU, with no hook
         # called. The clock is the policies' time (advance_clock).
         self._policy: EvictionPolicy | None = eviction_policy
@@ -1678,6 +1679,21 @@ class BlockPool(BlockOwner):
         if total == 0:
             return 0.0
         return 1.0 - self.free_block_queue.num_free_blocks / total
+
+    @property
+    def kv_event_queue(self) -> list[KVCacheEvent]:
+        """The events not yet taken (``take_events``), oldest first.
+
+        A property, not a plain attribute, because vLLM 0.33's hisparse host pool
+        (``SharedEventQueueBlockPool`` in vllm/v1/hisparse/block_pool.py) subclasses the pool
+        and overrides ``kv_event_queue`` to publish into its owner's queue: compiled code
+        reads a plain attribute's slot directly, past a subclass's property, while a
+        property's getter is dispatched to the subclass's."""
+        return self._pending_events
+
+    @kv_event_queue.setter
+    def kv_event_queue(self, events: list[KVCacheEvent]) -> None:
+        self._pending_events = events
 
     def take_events(self) -> list[KVCacheEvent]:
         if not self.enable_kv_cache_events:

@@ -200,3 +200,41 @@ def test_033_emit_cached_block_events() -> None:
     assert event.block_hashes == [external(h) for h in hashes[:2]]
     assert event.parent_block_hash is None
     assert event.token_ids == [0, 1, 2, 3] and event.group_idx == 0
+
+
+class _HostPool(BlockPool):
+    """A pool that publishes into another pool's queue, as vLLM 0.33's hisparse host pool
+    (``SharedEventQueueBlockPool``, vllm/v1/hisparse/block_pool.py) does: it overrides
+    ``kv_event_queue`` with a property reading its owner's."""
+
+    def __init__(self, *args: Any, event_owner: Any, **kwargs: Any) -> None:
+        self._event_owner = event_owner
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def kv_event_queue(self) -> list[Any]:
+        return self._event_owner.kv_event_queue  # type: ignore[no-any-return]
+
+    @kv_event_queue.setter
+    def kv_event_queue(self, events: list[Any]) -> None:
+        if events:
+            raise AssertionError("only the owner drains the queue")
+
+
+def test_033_subclass_queue_property_receives_the_events() -> None:
+    """In both builds every event goes through ``kv_event_queue``, so a subclass that
+    overrides it (vLLM 0.33's host pool) gets them, with its medium: compiled code would
+    otherwise write the base class's own list (vLLM's test_hisparse_events_report_host_and_
+    device_placement caught this in the compiled build)."""
+    device = _pool_033()
+    host = _HostPool(6, True, 2, True, medium="CPU", vllm_api="0.33", event_owner=device)
+    hashes = [chain_hash(0, i) for i in range(2)]
+    blocks = host.get_new_blocks(2)
+    host.cache_full_blocks(_Request033(hashes), blocks, 0, 2, 2, 0)
+    host.free_blocks(blocks)
+    host.evict_blocks({blocks[0].block_id})
+    events = device.take_events()
+    assert [(type(e).__name__, e.medium) for e in events] == [
+        ("BlockStoredV033", "CPU"), ("BlockRemovedV033", "CPU")]
+    assert host.take_events() == [] and device.kv_event_queue == []
+    host.check_representation()
