@@ -722,6 +722,7 @@ class PoolMachine033(PoolMachine):
             self.lockstep(model.FreeBlocks(tuple(reversed(held.blocks))))
             return
         self.lockstep(model.FreeWithForeign(tuple(reversed(held.blocks)), tuple(foreign)))
+        event("freed a table with another pool's blocks (forwarded)")
 
 
 PoolMachine033.add_invariants(pool_invariants.V0_33)

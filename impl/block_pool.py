@@ -896,6 +896,8 @@ class BlockPool(BlockOwner):
         if self._v033:
             for block in keyed:
                 self._removed_events(self._remove_keys(block))
+            if self.enable_kv_cache_events and self.max_pending_kv_events is not None:
+                self._bound_kv_events()
             return
         hashes = list(map(self._key_of.pop, keyed))
         if self._policy is not None:
@@ -919,28 +921,46 @@ class BlockPool(BlockOwner):
 
     def _bound_kv_events(self) -> None:
         """Collapse the pending events into a snapshot of the cache, when more than the bound
-        are pending and at least twice as many as the snapshot takes (module docstring)."""
+        are pending and at least twice as many as the snapshot takes (module docstring). The
+        snapshot: a clear, then one store per key, the blocks' primary keys in block id order,
+        then 0.33's partial entries by block id, each block's in key order."""
         queue = self.kv_event_queue
         pending = len(queue)
         bound = self.max_pending_kv_events
         key_of = self._key_of
-        if bound is None or pending <= bound or pending < 2 * (len(key_of) + 1):
+        if bound is None or pending <= bound:
             return
-        stored, group_of = host_types.BlockStored, self._group_of
-        # A keyed block's group always has a size (recorded with the key's BlockStored).
-        sizes, default_size = self._stored_block_sizes, self.hash_block_size
-        snapshot: list[KVCacheEvent] = [host_types.AllBlocksCleared()]
+        partial = self.cached_block_hashes_by_block
+        num_keys = len(key_of) + (sum(map(len, partial.values())) if partial else 0)
+        if pending < 2 * (num_keys + 1):
+            return
+        group_of = self._group_of
+        cleared = (self._events_033().AllBlocksCleared if self._v033
+                   else host_types.AllBlocksCleared)
+        snapshot: list[KVCacheEvent] = [cleared()]
         for block in sorted(key_of, key=_block_id_of):
-            snapshot.append(stored(
-                block_hashes=[maybe_convert_block_hash(BlockHash(key_of[block]))],
-                parent_block_hash=None,
-                token_ids=[],
-                block_size=sizes.get(group_of.get(block, 0), default_size),
-                lora_id=None,
-                medium=MEDIUM_GPU,
-            ))
+            snapshot.append(self._snapshot_stored(key_of[block], group_of.get(block, 0)))
+        for block_id in sorted(partial):
+            for key in sorted(partial[block_id]):
+                snapshot.append(self._snapshot_stored(key[:-4], int.from_bytes(key[-4:], "big")))
         queue[:] = snapshot  # in place: a caller may hold the queue
         self.num_kv_event_collapses += 1
+
+    def _snapshot_stored(self, block_hash: bytes, group_id: int) -> KVCacheEvent:
+        """A snapshot's store of one key: its hash, no parent, no token ids, its group's block
+        size (recorded with the key's first store) and no LoRA; the pool keeps no more."""
+        block_size = self._stored_block_sizes.get(group_id, self.hash_block_size)
+        external = maybe_convert_block_hash(BlockHash(block_hash))
+        if self._v033:
+            stored_033: KVCacheEvent = self._events_033().BlockStored(
+                block_hashes=[external], parent_block_hash=None, token_ids=[],
+                block_size=block_size, lora_id=None, medium=self.medium, lora_name=None,
+                group_idx=group_id)
+            return stored_033
+        stored_013: KVCacheEvent = host_types.BlockStored(
+            block_hashes=[external], parent_block_hash=None, token_ids=[],
+            block_size=block_size, lora_id=None, medium=MEDIUM_GPU)
+        return stored_013
 
     def touch(
         self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock]
@@ -1343,8 +1363,8 @@ class BlockPool(BlockOwner):
             event(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
                   medium=medium, group_idx=group_id)
             for group_id, block_hash in removed)
-        if self.max_pending_kv_events is not None:
-            self._bound_kv_events()
+        # Not bounded here: the operation that removed the keys bounds once at its end, when
+        # its keys are in place (a snapshot taken midway would miss them).
 
     def _insert_key(self, group_id: int, block_hash: bytes, block: KVCacheBlock,
                     num_tokens: int | None) -> None:
@@ -1390,6 +1410,8 @@ class BlockPool(BlockOwner):
             self.metrics_collector.on_block_evicted(owned)
         removed = self._remove_keys(owned)
         self._removed_events(removed)
+        if removed and self.enable_kv_cache_events and self.max_pending_kv_events is not None:
+            self._bound_kv_events()
         return bool(removed)
 
     def _notify_reuse(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -1542,8 +1564,10 @@ class BlockPool(BlockOwner):
             if type(hashes[first + i]) is not bytes:
                 raise InvalidBlockHashError(f"block hash must be bytes, got "
                                             f"{hashes[first + i]!r}")
-        if not kept:
+        if not kept and not self.enable_kv_cache_events:
             return
+        # With events on, a range of only null (or masked-out) blocks still reports an empty
+        # BlockStored, as vLLM 0.33's cache_full_blocks does (docs/findings.md, D2).
         stored = None
         if self.enable_kv_cache_events:
             extra_keys: list[tuple[Any, ...] | None] = []
@@ -1665,8 +1689,8 @@ class BlockPool(BlockOwner):
         self._insert_key(group_id, block_hash, owned, tokens)
         if stored is not None:
             self.kv_event_queue.append(stored)
-            if self.max_pending_kv_events is not None:
-                self._bound_kv_events()
+        if self.enable_kv_cache_events and self.max_pending_kv_events is not None:
+            self._bound_kv_events()
         return key
 
     # -- accounting ----------------------------------------------------------------------

@@ -36,7 +36,7 @@ The order is exactly the linked list's: head first, appends at the tail, removal
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import SupportsIndex
+from typing import Any, Protocol, SupportsIndex
 
 from mypy_extensions import mypyc_attr
 
@@ -51,7 +51,7 @@ from kvspec.impl.errors import (
 )
 from kvspec.impl.hashing import BlockHashWithGroupId
 
-__all__ = ["BlockOwner", "FreeKVCacheBlockQueue", "KVCacheBlock"]
+__all__ = ["BlockOwner", "FreeKVCacheBlockQueue", "FreeingPool", "KVCacheBlock"]
 
 
 def _blocks_argument(blocks: object) -> list[KVCacheBlock]:
@@ -115,6 +115,13 @@ class BlockOwner:
         )
 
 
+class FreeingPool(Protocol):
+    """A pool a free can be forwarded to (vLLM 0.33's ``KVCacheBlock.pool``: deferred frees
+    may hold blocks of several pools, and each pool hands the others theirs)."""
+
+    def free_blocks(self, ordered_blocks: Any) -> None: ...
+
+
 def _field_int(name: str, value: object) -> int:
     """An integer field of a block (``as_int``: an int or a numpy integer, never a bool)."""
     number = value if type(value) is int else as_int(value)
@@ -136,8 +143,8 @@ class KVCacheBlock:
     otherwise). Everyone else reads a block through vLLM's fields.
     """
 
-    __slots__ = ("_block_hash", "_next", "_prev", "_queue", "_ref_cnt", "block_id",
-                 "extra_refs", "is_null", "owner")
+    __slots__ = ("_block_hash", "_given_pool", "_next", "_prev", "_queue", "_ref_cnt",
+                 "block_id", "extra_refs", "is_null", "owner")
 
     def __init__(
         self,
@@ -147,6 +154,8 @@ class KVCacheBlock:
         prev_free_block: BlockLike | None = None,
         next_free_block: BlockLike | None = None,
         is_null: Flag = False,
+        *,
+        pool: FreeingPool | None = None,
     ) -> None:
         checked_id = block_id if type(block_id) is int else _field_int("block_id", block_id)
         checked_refs = ref_cnt if type(ref_cnt) is int else _field_int("ref_cnt", ref_cnt)
@@ -157,6 +166,8 @@ class KVCacheBlock:
                 raise InvalidBlockFieldError(f"a free-list link must be a block, got {link!r}")
         if type(is_null) is not bool:
             raise InvalidBlockFieldError(f"is_null must be a bool, got {is_null!r}")
+        if pool is not None and not callable(getattr(pool, "free_blocks", None)):
+            raise InvalidBlockFieldError(f"pool must have free_blocks, got {pool!r}")
         self.block_id: int = checked_id
         self._ref_cnt: int = checked_refs
         self._block_hash: BlockHashWithGroupId | None = _block_hash  # type: ignore[assignment]
@@ -168,6 +179,9 @@ class KVCacheBlock:
         self._prev: KVCacheBlock | None = prev_free_block  # type: ignore[assignment]
         self._next: KVCacheBlock | None = next_free_block  # type: ignore[assignment]
         self._queue: FreeKVCacheBlockQueue | None = None  # a standalone queue holding it
+        # vLLM 0.33's KVCacheBlock(..., pool=p): a block made directly for pool p, to which
+        # a free of it is forwarded (a pool's own blocks answer their owner instead).
+        self._given_pool: FreeingPool | None = pool
 
     @property
     def ref_cnt(self) -> int:
@@ -183,10 +197,12 @@ class KVCacheBlock:
         self._ref_cnt = _field_int("ref_cnt", value)
 
     @property
-    def pool(self) -> BlockOwner | None:
-        """vLLM 0.33's name for the pool that made the block (``owner``): a free of it is
-        forwarded there."""
-        return self.owner
+    def pool(self) -> BlockOwner | FreeingPool | None:
+        """vLLM 0.33's name for the pool that owns the block: the pool that made it
+        (``owner``), else the one it was made for (``pool=``); a free of it is forwarded
+        there."""
+        owner = self.owner
+        return self._given_pool if owner is None else owner
 
     @property
     def block_hash_num_tokens(self) -> int | None:

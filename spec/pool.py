@@ -322,7 +322,8 @@ def _bound_events(state: PoolState) -> PoolState:
     After an operation that emits: more than ``max_pending_events`` pending, and at least
     twice as many as the snapshot (so that collapsing halves them at least: a consumer that
     never takes events costs O(1) amortised per event, not a snapshot per event). The
-    snapshot is `Cleared`, then one `Stored` per keyed block in block id order, carrying the
+    snapshot is `Cleared`, then one `Stored` per key (the blocks' primary keys in block id
+    order, then vLLM 0.33's partial entries by block id, each block's in key order), carrying the
     key's hash, no parent, no token ids, the group's block size and no LoRA: the pool keeps
     no more about a cached block.
     """
@@ -331,7 +332,7 @@ def _bound_events(state: PoolState) -> PoolState:
     if bound is None or pending <= bound:
         return state
     keyed = [(b, key) for b, key in enumerate(state.key_of) if key is not None] + [
-        (b, key) for b, keys in state.partial_keys for key in keys]
+        (b, key) for b, keys in state.partial_keys for key in sorted(keys)]
     if pending < 2 * (len(keyed) + 1):
         return state
     # A key's group always has a size: a key is set with its Stored event, which records it

@@ -211,7 +211,7 @@ class _HostPool(BlockPool):
         self._event_owner = event_owner
         super().__init__(*args, **kwargs)
 
-    @property  # type: ignore[override]
+    @property
     def kv_event_queue(self) -> list[Any]:
         return self._event_owner.kv_event_queue  # type: ignore[no-any-return]
 
@@ -238,3 +238,46 @@ def test_033_subclass_queue_property_receives_the_events() -> None:
         ("BlockStoredV033", "CPU"), ("BlockRemovedV033", "CPU")]
     assert host.take_events() == [] and device.kv_event_queue == []
     host.check_representation()
+
+
+def test_033_range_of_null_blocks_reports_an_empty_store() -> None:
+    """vLLM 0.33's cache_full_blocks reports a BlockStored even when every block of the range
+    is null (a sliding-window or Mamba group's skipped blocks): no hashes, the range's tokens
+    (docs/findings.md, D2). Nothing is keyed."""
+    pool = _pool_033()
+    hashes = [chain_hash(0, i) for i in range(2)]
+    null = pool.null_block
+    pool.cache_full_blocks(_Request033(hashes), [null, null], 0, 2, 2, 0)
+    (stored,) = pool.take_events()
+    assert type(stored).__name__ == "BlockStoredV033"
+    assert stored.block_hashes == [] and stored.token_ids == [0, 1, 2, 3]
+    assert stored.parent_block_hash is None and stored.group_idx == 0
+    assert not list(pool.cached_block_hash_to_block.items())
+    quiet = BlockPool(8, True, 2, False, vllm_api="0.33")
+    quiet.cache_full_blocks(_Request033(hashes), [quiet.null_block] * 2, 0, 2, 2, 0)
+    assert quiet.take_events() == []
+    pool.check_representation()
+
+
+def test_033_bounded_snapshot_lists_partial_entries_after_primary_keys() -> None:
+    """A collapsed event queue (kvspec's bound) replays to every key the pool holds: a clear,
+    the primary keys by block id, then the partial entries by block id, in key order; and it
+    is taken once the operation's keys are in place, not midway."""
+    pool = BlockPool(8, True, 2, True, vllm_api="0.33", max_pending_kv_events=2)
+    hashes = [chain_hash(0, i) for i in range(2)]
+    request = _Request033(hashes)
+    first, second = pool.get_new_blocks(2)
+    pool.cache_full_blocks(request, [first], 0, 1, 4, 0)  # a 4-token key: hashes[1]
+    pool.cache_partial_block(request, first, 2, 0, 4)  # a partial entry beside it: hashes[0]
+    pool.cache_partial_block(request, second, 2, 0, 4)  # second's primary key: hashes[0]
+    for _ in range(3):  # new contents: a remove and a store each, until the queue collapses
+        pool.cache_partial_block(request, second, 2, 0, 4, True)
+    events: list[Any] = pool.take_events()
+    assert pool.num_kv_event_collapses == 1
+    assert [type(e).__name__ for e in events] == ["AllBlocksClearedV033"] + [
+        "BlockStoredV033"] * 3
+    assert [e.block_hashes for e in events[1:]] == [
+        [external(hashes[1])], [external(hashes[0])], [external(hashes[0])]]
+    assert [e.block_size for e in events[1:]] == [4, 4, 4]
+    assert {e.group_idx for e in events[1:]} == {0} and events[1].medium == "GPU"
+    pool.check_representation()

@@ -28,17 +28,8 @@ if "vllm_api" in inspect.signature(BlockPool.__init__).parameters:
     _Impl033 = machine_for(_impl_under_033, Profile.V0_33)
     # impl follows vLLM 0.33 where a second watcher replaces the first (docs/findings.md
     # B11): that situation is left out here, as in the audit once reported.
-    # Open gap (issue 19): impl's KVCacheBlock cannot yet be made with a foreign owning pool
-    # (vLLM 0.33's KVCacheBlock(pool=...)), so the forwarding situation is left out for impl.
-    _Impl033.excluded = frozenset({WATCHED_TWICE, "free_blocks forwarding foreign blocks"})
-    # impl's 0.33 pool is new and not yet conformant; the machine finds these gaps, left open
-    # on issue 19: kvspec's event bound (max_pending_kv_events) collapses at other points than
-    # the spec's once partial entries have events, and a cache_full_blocks range of only null
-    # blocks does not emit vLLM 0.33's empty BlockStored (D2). Not strict: once impl is fixed
-    # the test passes and this mark goes.
-    TestImplConformsToSpec033 = pytest.mark.xfail(
-        reason="impl's vLLM 0.33 pool: open conformance gaps (issue 19)", strict=False)(
-        _Impl033.TestCase)
+    _Impl033.excluded = frozenset({WATCHED_TWICE})
+    TestImplConformsToSpec033 = _Impl033.TestCase
 
 
 H = (b"h0", b"h1", b"h2")

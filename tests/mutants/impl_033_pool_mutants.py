@@ -58,3 +58,62 @@ MUTANTS = [
     Mutant("foreign_free_not_forwarded", "another pool's blocks are not forwarded on free",
            foreign_free_not_forwarded, CHECKER, "test_033_free_forwards_to_the_owning_pool"),
 ]
+
+# Killed by the 0.33 machine on impl (tests/test_pool_machine.py::TestImplConformsToSpec033),
+# or by the examples that pin what the machine reaches rarely.
+MACHINE_033 = ("tests/test_pool_machine.py::TestImplConformsToSpec033",)
+
+
+def null_range_reports_nothing() -> None:
+    """cache_full_blocks over only null blocks emits no BlockStored (vLLM 0.33 emits an empty
+    one: docs/findings.md, D2)."""
+    original = BlockPool._cache_full_blocks_033
+
+    def cache(self: BlockPool, request: Any, block_list: list[Any], first: int, end: int,
+              *rest: Any) -> None:
+        if all(b is self.null_block for b in block_list[first:end]):
+            return
+        original(self, request, block_list, first, end, *rest)
+    replace(BlockPool, "_cache_full_blocks_033", cache)
+
+
+def snapshot_taken_midway() -> None:
+    """The event bound collapses the queue as soon as keys are removed, before the operation
+    has put its new keys in place (the snapshot misses them)."""
+    original = BlockPool._removed_events
+
+    def removed_events(self: BlockPool, removed: list[tuple[int, bytes]]) -> None:
+        original(self, removed)
+        if removed and self.max_pending_kv_events is not None:
+            self._bound_kv_events()
+    replace(BlockPool, "_removed_events", removed_events)
+
+
+def snapshot_forgets_partial_entries() -> None:
+    """A collapsed queue's snapshot lists the blocks' primary keys only, not their partial
+    entries (a router replaying it loses them)."""
+    original = BlockPool._bound_kv_events
+
+    def bound(self: BlockPool) -> None:
+        saved = dict(self.cached_block_hashes_by_block)
+        self.cached_block_hashes_by_block.clear()
+        try:
+            original(self)
+        finally:
+            self.cached_block_hashes_by_block.update(saved)
+    replace(BlockPool, "_bound_kv_events", bound)
+
+
+MUTANTS += [
+    Mutant("null_range_reports_nothing",
+           "0.33: cache_full_blocks over only null blocks emits no BlockStored",
+           null_range_reports_nothing, CHECKER,
+           "test_033_range_of_null_blocks_reports_an_empty_store"),
+    Mutant("snapshot_taken_midway",
+           "0.33: the event bound collapses midway, before an operation's keys are in place",
+           snapshot_taken_midway, MACHINE_033, "pending events: target"),
+    Mutant("snapshot_forgets_partial_entries",
+           "0.33: a collapsed queue's snapshot leaves out the partial entries",
+           snapshot_forgets_partial_entries, CHECKER,
+           "test_033_bounded_snapshot_lists_partial_entries_after_primary_keys"),
+]
