@@ -53,6 +53,8 @@ import sys
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from kvspec.impl import host_profile
+
 __all__ = [
     "ENV_SWITCH",
     "POOL_LEVEL_MODULES",
@@ -107,10 +109,18 @@ class VllmSeries(NamedTuple):
     """Whether the release's extra keys are tagged (0.33) rather than bare (0.13)."""
 
 
-# vLLM release series (major.minor) -> what kvspec does there: the one table of releases.
+def _served(release: str, replaced: dict[str, str]) -> VllmSeries:
+    """What the plugin does inside ``release``: the profile and the extra-key format come
+    from impl's one table of releases (``host_profile.VLLM_PROFILES``), so that the plugin and
+    impl used without it behave as the same vLLM."""
+    profile, key_format = host_profile.VLLM_PROFILES[release]
+    return VllmSeries(profile, replaced, pool_api=release, tagged_keys=key_format == "tagged")
+
+
+# vLLM release series (major.minor) -> what kvspec does there: the releases the plugin serves.
 SUPPORTED_VLLM: dict[str, VllmSeries] = {
-    "0.13": VllmSeries("vllm-0.13", REPLACED_MODULES, "0.13", tagged_keys=False),
-    "0.33": VllmSeries("vllm-0.33", POOL_LEVEL_MODULES, "0.33", tagged_keys=True),
+    "0.13": _served("0.13", REPLACED_MODULES),
+    "0.33": _served("0.33", POOL_LEVEL_MODULES),
 }
 
 
