@@ -30,6 +30,7 @@ Run in the vLLM environment (skipped without vLLM)::
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -41,6 +42,9 @@ from typing import Any
 import pytest
 
 pytest.importorskip("vllm")
+if not importlib.metadata.version("vllm").startswith("0.13."):
+    pytest.skip("needs vLLM 0.13 (tests/test_vllm_scheduler_loop_033.py is 0.33's)",
+                allow_module_level=True)
 
 from tests.vllm_loop import (
     ALL_WORKLOADS,
