@@ -2,6 +2,7 @@
 
     python -m benchmarks.run [--quick] [--vllm-python PATH] [--only pool,checker,...]
     python -m benchmarks.run --only soak       # opt-in: impl/ alone, minutes (bench_soak.py)
+    python -m benchmarks.run --only scheduler033 --vllm-python .venv-vllm-0.33.0/bin/python
 
 vLLM is timed in the same process as impl/ when it is importable; ``--vllm-python`` re-runs
 this module under that interpreter (for example ``.venv-vllm-0.13.0/bin/python``, built by
@@ -127,11 +128,14 @@ SECTIONS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {
     "block_table": lambda quick: _module_rows("bench_block_table", quick),
     # vLLM's own Scheduler stepping with each manager: the step and its KV-cache share.
     "scheduler": lambda quick: _module_rows("bench_scheduler", quick),
+    # vLLM 0.33's Scheduler with vLLM's BlockPool vs kvspec's (--vllm-python of a 0.33 env).
+    "scheduler033": lambda quick: _module_rows("bench_scheduler_033", quick),
     # Memory and speed over ~10M block operations on a 1M-block pool, impl/ alone.
     "soak": lambda quick: _module_rows("bench_soak", quick),
 }
-# Run only when --only names them: the soak takes minutes (benchmarks/bench_soak.py).
-OPT_IN = frozenset({"soak"})
+# Run only when --only names them: the soak takes minutes (benchmarks/bench_soak.py), and
+# scheduler033 needs a vLLM 0.33 interpreter (benchmarks/bench_scheduler_033.py).
+OPT_IN = frozenset({"soak", "scheduler033"})
 
 
 def _fmt(value: Any) -> str:
