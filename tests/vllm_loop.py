@@ -102,24 +102,16 @@ class RecordingPublisher:
 # -- the workload -----------------------------------------------------------------------------
 
 
-class Engine:
-    """A scheduler, the workload's request stream and model: ``step()`` is one engine step."""
+class EngineActions:
+    """What happens before each engine step, the same in every release's loop: arrivals (none
+    in a quiet spell), at most one abort, at most one reset, drawn from the workload's rates.
+    A subclass sets ``workload``, ``scheduler``, ``stream``, ``rng`` and ``step_index``."""
 
-    def __init__(self, workload: Workload, scheduler: Any,
-                 block_hasher: Callable[[Any], list[Any]]) -> None:
-        self.workload = workload
-        self.scheduler = scheduler
-        self.publisher = RecordingPublisher()
-        scheduler.kv_event_publisher = self.publisher
-        self.manager = scheduler.kv_cache_manager
-        self.watcher: RefusalWatcher | None = None
-        if workload.sliding_window is not None:
-            self.watcher = RefusalWatcher(self.manager)
-            scheduler.kv_cache_manager = self.watcher
-        self.stream = RequestStream(workload, block_hasher)
-        self.model = SimulatedModel(workload.seed, workload.eos_rate)
-        self.rng = random.Random(f"{workload.seed}:actions")
-        self.step_index = 0
+    workload: Any
+    scheduler: Any
+    stream: Any
+    rng: random.Random
+    step_index: int
 
     def _quiet(self) -> bool:
         w = self.workload
@@ -150,6 +142,26 @@ class Engine:
             actions.append(f"reset_prefix_cache() -> {scheduler.reset_prefix_cache()}")
         return actions
 
+
+class Engine(EngineActions):
+    """A scheduler, the workload's request stream and model: ``step()`` is one engine step."""
+
+    def __init__(self, workload: Workload, scheduler: Any,
+                 block_hasher: Callable[[Any], list[Any]]) -> None:
+        self.workload = workload
+        self.scheduler = scheduler
+        self.publisher = RecordingPublisher()
+        scheduler.kv_event_publisher = self.publisher
+        self.manager = scheduler.kv_cache_manager
+        self.watcher: RefusalWatcher | None = None
+        if workload.sliding_window is not None:
+            self.watcher = RefusalWatcher(self.manager)
+            scheduler.kv_cache_manager = self.watcher
+        self.stream = RequestStream(workload, block_hasher)
+        self.model = SimulatedModel(workload.seed, workload.eos_rate)
+        self.rng = random.Random(f"{workload.seed}:actions")
+        self.step_index = 0
+
     def step(self) -> StepRecord:
         """One engine step, recorded."""
         actions = self.act()
@@ -168,7 +180,7 @@ class Engine:
             scheduler_output, self.model.output(scheduler, scheduler_output))
         record.update(outputs_record(engine_outputs))
         # The whole block table of every running request (the output has only new blocks).
-        record["tables"] = {request.request_id: _plain(
+        record["tables"] = {request.request_id: plain(
             self.manager.get_block_ids(request.request_id)) for request in scheduler.running}
         record["kv_events"] = [plain_event(event) for event in self.publisher.events]
         self.publisher.events.clear()
@@ -178,18 +190,18 @@ class Engine:
 # -- what is recorded -------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """JSON-able: bytes as hex, sequences and sets as lists, enums by name."""
     if isinstance(value, enum.Enum):
         return value.name
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted(_plain(v) for v in value)
+        return sorted(plain(v) for v in value)
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"cannot record a {type(value).__name__}: {value!r}")
@@ -200,22 +212,22 @@ def plain_event(event: Any) -> list[Any]:
     names = getattr(event, "__struct_fields__", None)
     if names is None:
         names = tuple(f.name for f in fields(event))
-    return [type(event).__name__, {name: _plain(getattr(event, name)) for name in names}]
+    return [type(event).__name__, {name: plain(getattr(event, name)) for name in names}]
 
 
 def scheduled_record(out: Any) -> StepRecord:
     cached = out.scheduled_cached_reqs
     return {
-        "new": [[r.req_id, _plain(r.block_ids), r.num_computed_tokens]
+        "new": [[r.req_id, plain(r.block_ids), r.num_computed_tokens]
                 for r in out.scheduled_new_reqs],
-        "cached": [[req_id, req_id in cached.resumed_req_ids, _plain(new_blocks), computed]
+        "cached": [[req_id, req_id in cached.resumed_req_ids, plain(new_blocks), computed]
                    for req_id, new_blocks, computed in zip(
                        cached.req_ids, cached.new_block_ids, cached.num_computed_tokens,
                        strict=True)],
         "num_scheduled_tokens": dict(out.num_scheduled_tokens),
-        "num_common_prefix_blocks": _plain(out.num_common_prefix_blocks),
-        "preempted": _plain(out.preempted_req_ids or set()),
-        "finished": _plain(out.finished_req_ids),
+        "num_common_prefix_blocks": plain(out.num_common_prefix_blocks),
+        "preempted": plain(out.preempted_req_ids or set()),
+        "finished": plain(out.finished_req_ids),
     }
 
 
@@ -224,7 +236,7 @@ def outputs_record(engine_outputs: dict[int, Any]) -> StepRecord:
     stats = None
     for client in sorted(engine_outputs):
         batch = engine_outputs[client]
-        outputs.extend([o.request_id, list(o.new_token_ids), _plain(o.finish_reason),
+        outputs.extend([o.request_id, list(o.new_token_ids), plain(o.finish_reason),
                         o.num_cached_tokens] for o in batch.outputs)
         stats = stats or batch.scheduler_stats
     record: StepRecord = {"outputs": outputs}

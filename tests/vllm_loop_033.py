@@ -43,20 +43,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scheduler_loop import EOS_TOKEN_ID, VOCAB, SimulatedModel
 from tests.vllm_loop import (
+    EngineActions,
     RecordingPublisher,
     StepRecord,
-    _plain,
     comparison_counts,
     first_difference,
+    plain,
     plain_event,
 )
 
 __all__ = ["ALL_WORKLOADS", "StepRecord", "Workload", "comparison_counts", "first_difference",
            "run_trace", "summary"]
 
-VOCAB = 32_000
-EOS_TOKEN_ID = 2
 
 
 @dataclass(frozen=True)
@@ -255,38 +255,6 @@ class RequestStream:
                        cache_salt=salt, priority=priority, block_hasher=self.block_hasher)
 
 
-class SimulatedModel:
-    """Sampled tokens: one per request whose prompt is computed once this step ends, drawn
-    from that request's own seeded stream (EOS with probability ``eos_rate``)."""
-
-    def __init__(self, seed: int, eos_rate: float) -> None:
-        self.seed = seed
-        self.eos_rate = eos_rate
-        self.streams: dict[str, random.Random] = {}
-
-    def sample(self, request_id: str) -> int:
-        stream = self.streams.get(request_id)
-        if stream is None:
-            stream = self.streams[request_id] = random.Random(f"{self.seed}:{request_id}")
-        if stream.random() < self.eos_rate:
-            return EOS_TOKEN_ID
-        return stream.randrange(3, VOCAB)
-
-    def output(self, scheduler: Any, scheduler_output: Any) -> Any:
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        req_ids = list(scheduler_output.num_scheduled_tokens)
-        sampled: list[list[int]] = []
-        for req_id in req_ids:
-            request = scheduler.requests[req_id]
-            # schedule() has already advanced num_computed_tokens by the scheduled tokens.
-            done = request.num_computed_tokens >= request.num_tokens
-            sampled.append([self.sample(req_id)] if done else [])
-        return ModelRunnerOutput(req_ids=req_ids,
-                                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
-
-
 class PoolWatch:
     """Stands between vLLM's single-type managers and their block pool, forwarding
     everything, and records each ``cache_partial_block`` call: the request, the block, the
@@ -308,14 +276,14 @@ class PoolWatch:
             getattr(request, "request_id", None), getattr(block, "block_id", None),
             kwargs.get("num_tokens"), kwargs.get("kv_cache_group_id"),
             bool(kwargs.get("replace_existing_hashes", False)),
-            None if result is None else _plain(bytes(result))])
+            None if result is None else plain(bytes(result))])
         return result
 
 
 # -- the workload -----------------------------------------------------------------------------
 
 
-class Engine:
+class Engine(EngineActions):
     """A scheduler, the workload's request stream and model: ``step()`` is one engine step."""
 
     def __init__(self, workload: Workload, scheduler: Any) -> None:
@@ -333,35 +301,6 @@ class Engine:
         self.rng = random.Random(f"{workload.seed}:actions")
         self.step_index = 0
 
-    def _quiet(self) -> bool:
-        w = self.workload
-        return bool(w.quiet_every) and self.step_index % w.quiet_every >= (
-            w.quiet_every - w.quiet_steps)
-
-    def act(self) -> list[str]:
-        """Before the step: arrivals, at most one abort, at most one reset."""
-        from vllm.v1.request import RequestStatus
-
-        w, rng, scheduler = self.workload, self.rng, self.scheduler
-        actions: list[str] = []
-        arrivals = int(w.arrivals_per_step) + (rng.random() < w.arrivals_per_step % 1)
-        for _ in range(arrivals):
-            request = self.stream.next_request(float(self.step_index))
-            if not self._quiet():
-                scheduler.add_request(request)
-                actions.append(f"add {request.request_id} ({request.num_prompt_tokens} tokens)")
-        if scheduler.requests and rng.random() < w.abort_rate:
-            victim = rng.choice(sorted(scheduler.requests))
-            scheduler.finish_requests(victim, RequestStatus.FINISHED_ABORTED)
-            actions.append(f"abort {victim}")
-        roll = rng.random()
-        if roll < w.reset_running_rate:
-            actions.append(f"reset_prefix_cache(reset_running_requests=True) -> "
-                           f"{scheduler.reset_prefix_cache(reset_running_requests=True)}")
-        elif roll < w.reset_running_rate + w.reset_rate:
-            actions.append(f"reset_prefix_cache() -> {scheduler.reset_prefix_cache()}")
-        return actions
-
     def step(self) -> StepRecord:
         """One engine step, recorded."""
         actions = self.act()
@@ -377,7 +316,7 @@ class Engine:
             scheduler_output, self.model.output(scheduler, scheduler_output))
         record.update(outputs_record(engine_outputs))
         # The whole block table of every running request (the output has only new blocks).
-        record["tables"] = {request.request_id: _plain(
+        record["tables"] = {request.request_id: plain(
             self.manager.get_block_ids(request.request_id)) for request in scheduler.running}
         record["free_blocks"] = self.pool.get_num_free_blocks()
         record["partial_caches"] = self.watch.partial_calls[:]
@@ -397,17 +336,17 @@ class Engine:
 def scheduled_record(out: Any) -> StepRecord:
     cached = out.scheduled_cached_reqs
     return {
-        "new": [[r.req_id, _plain(r.block_ids), r.num_computed_tokens]
+        "new": [[r.req_id, plain(r.block_ids), r.num_computed_tokens]
                 for r in out.scheduled_new_reqs],
-        "cached": [[req_id, req_id in cached.resumed_req_ids, _plain(new_blocks), computed]
+        "cached": [[req_id, req_id in cached.resumed_req_ids, plain(new_blocks), computed]
                    for req_id, new_blocks, computed in zip(
                        cached.req_ids, cached.new_block_ids, cached.num_computed_tokens,
                        strict=True)],
         "num_scheduled_tokens": dict(out.num_scheduled_tokens),
-        "num_common_prefix_blocks": _plain(out.num_common_prefix_blocks),
-        "preempted": _plain(out.preempted_req_ids or set()),
-        "finished": _plain(out.finished_req_ids),
-        "block_ids_to_zero": _plain(out.new_block_ids_to_zero),
+        "num_common_prefix_blocks": plain(out.num_common_prefix_blocks),
+        "preempted": plain(out.preempted_req_ids or set()),
+        "finished": plain(out.finished_req_ids),
+        "block_ids_to_zero": plain(out.new_block_ids_to_zero),
         "block_copies": [[copy.src_block_id, copy.dst_block_id]
                          for copy in out.kv_cache_block_copies or ()],
     }
@@ -418,7 +357,7 @@ def outputs_record(engine_outputs: dict[int, Any]) -> StepRecord:
     stats = None
     for client in sorted(engine_outputs):
         batch = engine_outputs[client]
-        outputs.extend([o.request_id, list(o.new_token_ids), _plain(o.finish_reason),
+        outputs.extend([o.request_id, list(o.new_token_ids), plain(o.finish_reason),
                         _prefill_stats(o.prefill_stats)] for o in batch.outputs)
         stats = stats or batch.scheduler_stats
     record: StepRecord = {"outputs": outputs}
@@ -429,7 +368,7 @@ def outputs_record(engine_outputs: dict[int, Any]) -> StepRecord:
             name: getattr(prefix, name)
             for name in ("reset", "requests", "queries", "hits", "preempted_requests",
                          "preempted_queries", "preempted_hits")}
-        record["hits_by_source"] = _plain(prefix.hits_by_source)
+        record["hits_by_source"] = plain(prefix.hits_by_source)
         # Eviction samples carry wall-clock ages: only how many there are is comparable.
         record["kv_cache_eviction_events"] = len(stats.kv_cache_eviction_events)
     return record
@@ -439,7 +378,7 @@ def _prefill_stats(stats: Any) -> Any:
     if stats is None:
         return None
     names = getattr(stats, "__struct_fields__", None) or tuple(vars(stats))
-    return {name: _plain(getattr(stats, name)) for name in names}
+    return {name: plain(getattr(stats, name)) for name in names}
 
 
 def run_trace(workload: Workload) -> dict[str, Any]:
