@@ -21,10 +21,15 @@ type); request ids flow through a Bundle. After every step the target's tables, 
 counts and pool (ref counts, free order, keys) must equal the spec's, and the named invariants
 of the type hold on the target's state.
 
-Targets (`adapter_for`): ``impl``, and ``vllm`` for vLLM 0.13's classes (its API: the
-``..._013`` adapter). vLLM 0.33's managers take another constructor and return
-``(blocks, hit_length)`` from ``find_longest_cache_hit``: the layer reports them unavailable
-until it has an adapter for that API.
+Targets (`adapter_for`): ``impl``, and ``vllm`` for vLLM 0.13's classes (`Vllm013Attention`)
+or vLLM 0.33's (`Vllm033Attention`, picked by the managers' constructor). 0.33's API: the
+managers take ``enable_caching`` and ``scheduler_block_size``; ``find_longest_cache_hit``
+returns ``(blocks, hit_length)`` (checked: ``hit_length_matches_blocks``) and takes
+``drop_eagle_block``; hits are attached by ``add_local_computed_blocks``, which touches them
+itself; ``get_num_blocks_to_allocate`` never returns less than the evictable hits and takes
+an admission cap (``apply_admission_cap``); there is no ``get_num_common_prefix_blocks``.
+The spec's pool then follows 0.33's (`Profile.V0_33`). Mamba's align mode (0.33's only
+cached Mamba mode) is covered by the manager layer, not here.
 """
 
 from __future__ import annotations
@@ -34,12 +39,12 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-from hypothesis import event, note, strategies as st
+from hypothesis import assume, event, note, strategies as st
 from hypothesis.stateful import Bundle, initialize, invariant, precondition, rule
 
 from kvspec.conformance.deadline import BoundedSteps
 from kvspec.conformance.targets import pool_view
-from kvspec.spec import manager as model, pool as P
+from kvspec.spec import attention_rules as rules, manager as model, pool as P
 from kvspec.spec.manager import GroupSpec, Kind
 from kvspec.spec.pool import NULL_BLOCK, Profile
 
@@ -69,6 +74,17 @@ class ImplAttention:
     profile = Profile.V0_13
     mamba_keeps_blocks = False  # vLLM 0.13.0's MambaManager skips nothing (findings M1)
     notes: tuple[str, ...] = ()  # what an audit report says about this target
+    api = "vLLM 0.13 single-type manager API"
+    kinds: tuple[Kind, ...] = KINDS  # the attention types the layer runs
+    min_sliding_window = 1
+    has_common_prefix = True  # get_num_common_prefix_blocks exists
+    attach_skips_window = False  # attaching hits nulls (and does not touch) skipped ones
+    clamps_blocks_to_allocate = False  # get_num_blocks_to_allocate >= the evictable hits
+
+    def admission_cap(self, g: int) -> int | None:
+        """The manager's ``max_admission_blocks_per_request`` (None: no cap, or no such
+        API)."""
+        return None
 
     def spec_object(self, group: GroupSpec) -> Any:
         from kvspec.impl import kv_cache_interface as kv
@@ -89,7 +105,11 @@ class ImplAttention:
 
         pool_class = importlib.import_module(self.pool_module).BlockPool
         managers = importlib.import_module(self.manager_module)
-        self.pool = pool_class(num_blocks, enable_caching=True, hash_block_size=group.block_size)
+        # impl's pool serves the API of the Python's vLLM by default (0.33's inside a vLLM
+        # 0.33 process): this adapter is 0.13's API, under the 0.13 profile.
+        api = {"vllm_api": "0.13"} if self.name == "impl" else {}
+        self.pool = pool_class(num_blocks, enable_caching=True, hash_block_size=group.block_size,
+                               **api)
         self.manager_class = getattr(managers, MANAGER_NAMES[group.kind])
         self.kv_spec = self.spec_object(group)
         self.managers = [self.manager_class(self.kv_spec, block_pool=self.pool,
@@ -105,7 +125,8 @@ class ImplAttention:
         return tuple(tuple(b.block_id for b in blocks) for blocks in found)
 
     def get_num_blocks_to_allocate(self, g: int, rid: str, num_tokens: int,
-                                   hits: tuple[int, ...]) -> int:
+                                   hits: tuple[int, ...], apply_cap: bool = False) -> int:
+        assert not apply_cap, "vLLM 0.13's API has no admission cap"
         return int(self.managers[g].get_num_blocks_to_allocate(rid, num_tokens, self.blocks(hits)))
 
     def attach_hits(self, rid: str, hits: tuple[tuple[int, ...], ...]) -> None:
@@ -176,8 +197,127 @@ class Vllm013Attention(ImplAttention):
         raise NotImplementedError("vLLM has no skipped_blocks_to_free")
 
 
+MAX_IN_FLIGHT_TOKENS = 3  # the managers' admission caps are built for this many tokens in flight
+MAX_MODEL_LEN = 64
+
+
+class Vllm033Attention(ImplAttention):
+    """vLLM 0.33's BlockPool and single-type managers, built directly (no registry), each
+    attention type's manager with the admission cap vLLM's factory gives it
+    (single_type_kv_cache_manager.py ``get_manager_for_kv_cache_spec``)."""
+
+    name = "vllm"
+    pool_module = "vllm.v1.core.block_pool"
+    manager_module = "vllm.v1.core.single_type_kv_cache_manager"
+    has_skipped_blocks_to_free = False
+    profile = Profile.V0_33
+    api = "vLLM 0.33 single-type manager API"
+    kinds = (Kind.FULL, Kind.SLIDING_WINDOW, Kind.CHUNKED_LOCAL)
+    min_sliding_window = 2
+    has_common_prefix = False
+    attach_skips_window = True
+    clamps_blocks_to_allocate = True
+    notes = ("vLLM 0.33 has no skipped_blocks_to_free: remove_skipped_blocks is compared by "
+             "its effect",
+             "vLLM 0.33 has no get_num_common_prefix_blocks: that rule is not run",
+             "Mamba align mode is covered by the manager layer: the attention layer runs "
+             "full, sliding-window and chunked-local attention",
+             "sliding_window=1 is left out: 0.33's reachable_block_mask keys no block of such "
+             "a group (a hit needs 0 contiguous blocks), which the spec does not model",
+             f"admission caps: vLLM's own max_admission_blocks_per_request "
+             f"(max_in_flight_tokens={MAX_IN_FLIGHT_TOKENS}, max_model_len={MAX_MODEL_LEN}); "
+             "the layer checks the clamp, not the cap's value")
+
+    def spec_object(self, group: GroupSpec) -> Any:
+        import torch
+        from vllm.v1 import kv_cache_interface as kv
+
+        common: dict[str, Any] = {"block_size": group.block_size, "num_kv_heads": 1,
+                                  "head_size": 8, "dtype": torch.float16}
+        if group.kind is Kind.FULL:
+            return kv.FullAttentionSpec(**common)
+        if group.kind is Kind.SLIDING_WINDOW:
+            return kv.SlidingWindowSpec(**common, sliding_window=group.sliding_window)
+        if group.kind is Kind.CHUNKED_LOCAL:
+            return kv.ChunkedLocalAttentionSpec(
+                **common, attention_chunk_size=group.attention_chunk_size)
+        raise NotImplementedError("Mamba align mode is covered by the manager layer")
+
+    def build(self, group: GroupSpec, num_groups: int, num_blocks: int) -> None:
+        import importlib
+
+        pool_class = importlib.import_module(self.pool_module).BlockPool
+        managers = importlib.import_module(self.manager_module)
+        self.block_size = group.block_size
+        self.pool = pool_class(num_blocks, enable_caching=True, hash_block_size=group.block_size)
+        self.manager_class = getattr(managers, MANAGER_NAMES[group.kind])
+        self.kv_spec = self.spec_object(group)
+        self.cap: int | None = None
+        if group.kind is not Kind.FULL:
+            self.cap = int(self.kv_spec.max_admission_blocks_per_request(
+                max_in_flight_tokens=MAX_IN_FLIGHT_TOKENS, max_model_len=MAX_MODEL_LEN))
+        self.managers = [self.manager_class(
+            self.kv_spec, block_pool=self.pool, enable_caching=True, kv_cache_group_id=g,
+            scheduler_block_size=group.block_size, max_admission_blocks_per_request=self.cap)
+            for g in range(num_groups)]
+
+    def admission_cap(self, g: int) -> int | None:
+        return self.cap
+
+    def find_longest_cache_hit(self, hashes: list[bytes], max_length: int, group_ids: list[int],
+                               use_eagle: bool, alignment: int) -> tuple[tuple[int, ...], ...]:
+        found, hit_length = self.manager_class.find_longest_cache_hit(
+            hashes, max_length, group_ids, self.pool, self.kv_spec, drop_eagle_block=use_eagle,
+            alignment_tokens=alignment)
+        blocks = tuple(tuple(b.block_id for b in group_blocks) for group_blocks in found)
+        expected_length = len(blocks[0]) * self.block_size if blocks else 0
+        if hit_length != expected_length:
+            raise AssertionError(
+                f"hit_length_matches_blocks: find_longest_cache_hit(max_length={max_length}, "
+                f"kv_cache_group_ids={group_ids}) returned hit_length {hit_length} with "
+                f"{len(blocks[0]) if blocks else 0} block(s) of {self.block_size} tokens")
+        return blocks
+
+    def get_num_blocks_to_allocate(self, g: int, rid: str, num_tokens: int,
+                                   hits: tuple[int, ...], apply_cap: bool = False) -> int:
+        # What allocate_slots passes for a request with no external tokens: the local hit is
+        # every computed token (a running request takes the fast path, which reads neither).
+        computed = len(hits) * self.block_size
+        return int(self.managers[g].get_num_blocks_to_allocate(
+            rid, num_tokens, self.blocks(hits), computed, computed, num_tokens,
+            apply_admission_cap=apply_cap))
+
+    def attach_hits(self, rid: str, hits: tuple[tuple[int, ...], ...]) -> None:
+        for manager, group_hits in zip(self.managers, hits, strict=True):
+            manager.add_local_computed_blocks(rid, self.blocks(group_hits),
+                                              len(group_hits) * self.block_size, 0)
+
+    def touch(self, ids: list[int]) -> None:
+        self.pool.touch(self.blocks(tuple(ids)))
+
+    def allocate_new_blocks(self, g: int, rid: str, num_tokens: int) -> tuple[int, ...]:
+        return tuple(b.block_id
+                     for b in self.managers[g].allocate_new_blocks(rid, num_tokens, num_tokens))
+
+    def request(self, rid: str, hashes: tuple[bytes, ...], block_size: int) -> Any:
+        request = super().request(rid, hashes, block_size)
+        request.shared_prefix_boundary = 0
+        request.num_prompt_tokens = request.num_tokens = len(hashes) * block_size
+        return request
+
+    def cache_blocks(self, g: int, request: Any, num_tokens: int) -> None:
+        self.managers[g].cache_blocks(request, num_tokens, replay_boundaries=())
+
+    def skipped_blocks_to_free(self, g: int, rid: str, num_computed: int) -> tuple[int, ...]:
+        raise NotImplementedError("vLLM has no skipped_blocks_to_free")
+
+    def common_prefix(self, g: int, rid: str) -> int:
+        raise NotImplementedError("vLLM 0.33 has no get_num_common_prefix_blocks")
+
+
 def adapter_for(target: str) -> type[ImplAttention]:
-    """The adapter maker for ``impl`` or ``vllm`` (vLLM 0.13's API)."""
+    """The adapter maker for ``impl`` or ``vllm`` (vLLM 0.13's API, or 0.33's where the
+    managers' constructor takes ``scheduler_block_size``)."""
     from kvspec.conformance.vllm_targets import LayerUnavailable, TargetError, vllm_version
 
     if target == "impl":
@@ -195,10 +335,10 @@ def adapter_for(target: str) -> type[ImplAttention]:
 
     parameters = inspect.signature(stm.SingleTypeKVCacheManager.__init__).parameters
     if "scheduler_block_size" in parameters:
-        raise LayerUnavailable(
-            f"no attention-layer adapter for vLLM {version}'s single-type managers yet "
-            "(constructor takes enable_caching and scheduler_block_size; "
-            "find_longest_cache_hit returns (blocks, hit_length))")
+        if "enable_caching" not in parameters:
+            raise LayerUnavailable(f"no attention-layer adapter for vLLM {version}'s "
+                                   "single-type manager constructor")
+        return Vllm033Attention
     return Vllm013Attention
 
 
@@ -253,6 +393,9 @@ class AttentionMachine(BoundedSteps):
             sliding_window=window if kind is Kind.SLIDING_WINDOW else 0,
             attention_chunk_size=chunk_blocks * block_size if kind is Kind.CHUNKED_LOCAL else 0,
             num_speculative_blocks=speculative if kind is Kind.MAMBA else 0)
+        # A type the target's layer leaves out (its notes say why) is no example.
+        assume(kind in self.target.kinds)
+        assume(kind is not Kind.SLIDING_WINDOW or window >= self.target.min_sliding_window)
         event(f"attention type {kind.value}, {num_groups} group(s)")
         self.target.build(group, num_groups, num_blocks)
         self.model = Model(group, P.new_pool(num_blocks, True, False, self.profile),
@@ -265,6 +408,18 @@ class AttentionMachine(BoundedSteps):
 
     def groups(self) -> range:
         return range(len(self.spec.tables))
+
+    def _blocks_to_allocate(self, num_tokens: int, held: tuple[int, ...],
+                            hits: tuple[int, ...]) -> int:
+        """The spec's ``get_num_blocks_to_allocate``; a target that clamps (vLLM 0.33:
+        ``max(num_new_blocks, 0) + num_evictable_blocks``) never says fewer than the hits it
+        would take off the free queue."""
+        m = self.spec
+        value = model.type_blocks_to_allocate(m.pool, m.group, num_tokens, held, hits)
+        if self.target.clamps_blocks_to_allocate:
+            evictable = sum(1 for b in hits if b != NULL_BLOCK and m.pool.ref[b] == 0)
+            value = max(value - evictable, 0) + evictable
+        return value
 
     # -- rules: what a coordinator does with its managers ------------------------------------
 
@@ -321,12 +476,17 @@ class AttentionMachine(BoundedSteps):
         if held is None:
             return
         num_tokens = data.draw(st.integers(0, (MAX_HASHES + 2) * m.group.block_size), "tokens")
-        expected = model.type_blocks_to_allocate(m.pool, m.group, num_tokens, held, ())
-        actual = self.target.get_num_blocks_to_allocate(g, rid, num_tokens, ())
+        cap = self.target.admission_cap(g)
+        apply_cap = cap is not None and data.draw(st.booleans(), "apply_admission_cap")
+        # The cap clamps the blocks required: as many as for cap * block_size tokens.
+        capped = min(num_tokens, cap * m.group.block_size) if apply_cap and cap else num_tokens
+        expected = self._blocks_to_allocate(capped, held, ())
+        actual = self.target.get_num_blocks_to_allocate(g, rid, num_tokens, (), apply_cap)
         if actual != expected:
-            raise AssertionError(f"get_num_blocks_to_allocate({rid!r}, {num_tokens}): target "
-                                 f"{actual}, spec {expected}")
-        event("get_num_blocks_to_allocate")
+            raise AssertionError(f"get_num_blocks_to_allocate({rid!r}, {num_tokens}"
+                                 f"{', apply_admission_cap=True' if apply_cap else ''}): "
+                                 f"target {actual}, spec {expected}")
+        event("get_num_blocks_to_allocate" + (" (admission cap)" if apply_cap else ""))
 
     @rule(rid=requests, data=st.data())
     def schedule_new_request(self, rid: str, data: st.DataObject) -> None:
@@ -352,7 +512,7 @@ class AttentionMachine(BoundedSteps):
         hit = model.type_cache_hit(m.pool, m.group, group_ids, hashes, num_tokens - 1, bs, False)
         wanted = 0
         for g in group_ids:
-            expected = model.type_blocks_to_allocate(m.pool, m.group, num_tokens, (), hit[g])
+            expected = self._blocks_to_allocate(num_tokens, (), hit[g])
             actual = self.target.get_num_blocks_to_allocate(g, rid, num_tokens, hit[g])
             if actual != expected:
                 raise AssertionError(f"get_num_blocks_to_allocate({rid!r}, {num_tokens}, hits "
@@ -362,11 +522,12 @@ class AttentionMachine(BoundedSteps):
             event("schedule_new_request: pool too small")
             return
         real = [b for group_hits in hit for b in group_hits if b != NULL_BLOCK]
-        m.pool = P.touch(m.pool, [b for group_hits in hit for b in group_hits])
+        attached = tuple(self._attached(group_hits) for group_hits in hit)
+        m.pool = P.touch(m.pool, [b for group_hits in attached for b in group_hits])
         self.target.attach_hits(rid, hit)
         for g in group_ids:
-            m.tables[g][rid] = hit[g]
-            m.cached[g][rid] = len(hit[g])
+            m.tables[g][rid] = attached[g]
+            m.cached[g][rid] = len(attached[g])
         event(f"schedule_new_request: {'hit' if real else 'no hit'}")
         self._allocate(rid, num_tokens)
         # Each manager keys its blocks when its caller says: some groups now, the rest later
@@ -374,6 +535,17 @@ class AttentionMachine(BoundedSteps):
         groups = data.draw(st.sampled_from([group_ids, group_ids[:1], group_ids[1:]]),
                            "groups cached now")
         self._cache(rid, num_tokens, groups)
+
+    def _attached(self, hits: tuple[int, ...]) -> tuple[int, ...]:
+        """A group's hits as the request's table holds them. vLLM 0.33's
+        ``add_local_computed_blocks`` nulls the hits the computed tokens have already left
+        behind (and touches only the rest); the hits a lookup returns have nulls there."""
+        if not self.target.attach_skips_window:
+            return hits
+        m = self.spec
+        bs = m.group.block_size
+        skipped = rules.skipped_blocks(model.skipped_tokens(m.group, len(hits) * bs), bs)
+        return (NULL_BLOCK,) * skipped + hits[skipped:]
 
     def _allocate(self, rid: str, num_tokens: int) -> None:
         m = self.spec
@@ -492,7 +664,7 @@ class AttentionMachine(BoundedSteps):
     def common_prefix(self, rid: str, data: st.DataObject) -> None:
         m = self.spec
         g = data.draw(st.sampled_from(list(self.groups())), "group")
-        if rid not in m.tables[g]:
+        if rid not in m.tables[g] or not self.target.has_common_prefix:
             return
         if "M2" in self.tolerate and self.target.num_entries(g) != len(m.tables[g]):
             event("get_num_common_prefix_blocks: left out after an empty entry (M2)")
@@ -575,4 +747,4 @@ def machine_for(make_adapter: type[ImplAttention],
 
 
 __all__ = ["OUT_OF_CONTRACT", "AttentionMachine", "ImplAttention", "Vllm013Attention",
-           "adapter_for", "machine_for"]
+           "Vllm033Attention", "adapter_for", "machine_for"]

@@ -67,9 +67,9 @@ def _build_manager(target: str, profile: Profile) -> LayerMachine:
         from kvspec.conformance import manager_machine
     except ImportError as error:
         raise LayerUnavailable(f"no manager machine in this checkout ({error})") from error
-    if profile is not Profile.V0_13:
-        raise LayerUnavailable(f"the manager spec has no {profile.value} profile yet")
     out_of_contract = frozenset(manager_machine.OUT_OF_CONTRACT)
+    if profile is Profile.V0_33:
+        return _build_manager_033(target, out_of_contract)
     if target == "impl":
         return LayerMachine(manager_machine.machine_for(manager_machine.ImplManager),
                             "kvspec.impl.kv_cache_manager:KVCacheManager",
@@ -91,14 +91,48 @@ def _build_manager(target: str, profile: Profile) -> LayerMachine:
         notes=tuple(f"layout left out: {reason}" for reason in left_out))
 
 
+def _build_manager_033(target: str, out_of_contract: frozenset[str]) -> LayerMachine:
+    """vLLM 0.33's KVCacheManager against the spec's vllm-0.33 profile: over vLLM's own
+    BlockPool (``vllm``), or over kvspec's (``impl``: impl has no 0.33 manager; under vLLM
+    0.33 kvspec serves the pool beneath vLLM's managers, as the plugin installs it)."""
+    from kvspec.conformance import manager_machine, vllm_targets
+    from kvspec.conformance.manager_targets import Vllm033Manager, kvspec_pool_under_033
+
+    if target not in ("vllm", "impl"):
+        raise LayerUnavailable(f"no vLLM 0.33 KVCacheManager adapter for target {target!r}")
+    version = vllm_targets.vllm_version()
+    if version is None:
+        if target == "impl":
+            raise LayerUnavailable(
+                "impl has no 0.33 manager: this layer drives vLLM 0.33's managers over "
+                "kvspec's pool and needs vLLM 0.33 in this interpreter")
+        raise TargetError(vllm_targets.no_vllm_message())
+    manager_class = vllm_targets.load_class(vllm_targets.VLLM_MANAGER)
+    if not vllm_targets.has_033_manager_api(manager_class):
+        raise LayerUnavailable(f"vLLM {version}'s KVCacheManager has no 0.33 API")
+    layouts, left_out = vllm_targets.vllm_033_layouts(manager_machine.ALL_LAYOUTS)
+    make: Callable[[], Any] = Vllm033Manager
+    shown = vllm_targets.VLLM_MANAGER
+    if target == "impl":
+        make, shown = kvspec_pool_under_033(), (f"{vllm_targets.VLLM_MANAGER} over "
+                                                 f"{vllm_targets.IMPL_POOL}")
+    return LayerMachine(
+        manager_machine.machine_for(make, tuple(layouts), profile=Profile.V0_33), shown,
+        "vLLM 0.33 KVCacheManager API", out_of_contract,
+        notes=tuple(f"layout left out: {reason}" for reason in left_out))
+
+
 def _build_attention(target: str, profile: Profile) -> LayerMachine:
     """The attention-type managers called directly (conformance/attention_manager_machine.py)."""
     from kvspec.conformance import attention_manager_machine as attention
 
     make = attention.adapter_for(target)
-    classes = ", ".join(attention.MANAGER_NAMES.values())
+    if make.profile is not profile and target == "vllm":
+        raise LayerUnavailable(f"the installed vLLM's managers follow {make.profile.value}, "
+                               f"not --profile {profile.value}")
+    classes = ", ".join(attention.MANAGER_NAMES[kind] for kind in make.kinds)
     return LayerMachine(attention.machine_for(make), f"{make.manager_module}: {classes}",
-                        f"vLLM 0.13 single-type manager API ({make.name})",
+                        f"{make.api} ({make.name})",
                         frozenset(attention.OUT_OF_CONTRACT), notes=make.notes)
 
 

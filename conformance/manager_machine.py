@@ -388,11 +388,11 @@ def _get_computed_blocks(adapter: ImplManager, c: model.GetComputedBlocks) -> An
     return result
 
 
-def _request_arg(adapter: ImplManager, request_id: str) -> Arg:
+def request_arg(adapter: ImplManager, request_id: str) -> Arg:
     return Arg(variable_name(request_id), lambda: adapter.requests[request_id])
 
 
-def _hits_arg(adapter: ImplManager, c: model.AllocateSlots) -> Arg | None:
+def hits_arg(adapter: ImplManager, c: model.AllocateSlots) -> Arg | None:
     """The hits allocate_slots is given: a request's last lookup result, or None."""
     if not c.with_hits:
         return None
@@ -481,8 +481,8 @@ class ImplManager(Adapter):
             f"(hits_{variable_name(c.request_id)} := manager.get_computed_blocks("
             f"{variable_name(c.request_id)}))"), Reader(hit_ids, "hit_ids({})")),
         model.AllocateSlots: method("allocate_slots", lambda a, c: (
-            _request_arg(a, c.request_id), c.num_new_tokens, c.num_new_computed_tokens,
-            _hits_arg(a, c), c.num_lookahead_tokens, c.delay_cache_blocks,
+            request_arg(a, c.request_id), c.num_new_tokens, c.num_new_computed_tokens,
+            hits_arg(a, c), c.num_lookahead_tokens, c.delay_cache_blocks,
             c.num_encoder_tokens), Reader(block_ids_or_none, "block_ids_or_none({})")),
         model.Free: Call(
             lambda a, c: a.manager.free(a.requests.get(c.request_id) or a.stand_in(c.request_id)),
@@ -490,7 +490,7 @@ class ImplManager(Adapter):
                 variable_name(c.request_id) if c.request_id in a.written
                 else a.stand_in_source(c.request_id)), NOTHING),
         model.CacheBlocks: method("cache_blocks", lambda a, c: (
-            _request_arg(a, c.request_id), c.num_tokens), NOTHING),
+            request_arg(a, c.request_id), c.num_tokens), NOTHING),
         model.EvictBlocks: method("evict_blocks", lambda a, c: (evicted_arg(c.block_ids),),
                                   NOTHING),
         model.GetNumCommonPrefixBlocks: method("get_num_common_prefix_blocks",
@@ -591,6 +591,7 @@ class ManagerMachine(LockstepMachine[Session]):
     view_of = staticmethod(view_of)
     layouts: tuple[Layout, ...] = ()  # set by machine_for (ALL_LAYOUTS by default)
     policy: Policy | None = None  # the pool's eviction policy (spec.eviction)
+    profile: pool_model.Profile = pool_model.Profile.V0_13  # the release the spec follows
     waiting = Bundle("waiting")
     running = Bundle("running")
 
@@ -624,8 +625,16 @@ class ManagerMachine(LockstepMachine[Session]):
         tracked = self.tracked[request_id]
         encoder = self._encoder_tokens(tracked)
         before = self.state
+        hits = self.spec.last_lookup(request_id) if with_hits else None
         new = self.lockstep(model.AllocateSlots(request_id, num_new_tokens, num_new_computed,
                                                 with_hits, lookahead, delay, encoder))
+        if hits is not None and model.same_step_mamba_hit(before, hits):
+            event("allocate_slots: Mamba hit on a key cached this step")
+            # Rule no_same_step_mamba_hit (`spec.manager`), on the target's output: the
+            # allocation waits for the next step (the hit's state is written this step).
+            assert model.no_same_step_mamba_hit(before, hits, new), (
+                f"rule no_same_step_mamba_hit violated by the target: allocate_slots for "
+                f"{request_id!r} took a Mamba hit on a key cached this step: {new}")
         note(f"allocate_slots({request_id}, new={num_new_tokens}, hit={num_new_computed}, "
              f"lookahead={lookahead}, delay={delay}, encoder={encoder}) -> {new}")
         assert not isinstance(new, Refused), f"allocate_slots refused by the spec: {new}"
@@ -683,7 +692,7 @@ class ManagerMachine(LockstepMachine[Session]):
             event("EAGLE")
         self.layout = layout
         config = spec_config(layout, kv_cache_config(layout.name, num_blocks), caching, events)
-        config = replace(config, policy=self.policy)
+        config = replace(config, policy=self.policy, profile=self.profile)
         self.lockstep(model.NewManager(config, self.target.hashing(), layout.name))
         event(f"layout {layout.name}")
         event(f"caching {'on' if caching else 'off'}")
@@ -741,7 +750,9 @@ class ManagerMachine(LockstepMachine[Session]):
                          delay: bool) -> Any:
         """Admit (or re-admit) a waiting request: look up its prefix, allocate a chunk. One
         that does not fit goes back to the waiting queue (`requeue`)."""
-        hits, num_hit = self.lockstep(model.GetComputedBlocks(request_id))
+        hits, num_hit, *boundary = self.lockstep(model.GetComputedBlocks(request_id))
+        if boundary and boundary[0]:
+            event("lookup: shared prefix boundary past the hit")
         assert model.hit_is_valid(self.state, self._request(request_id).view(), hits, num_hit)
         if num_hit:
             event("prefix hit")
@@ -774,6 +785,12 @@ class ManagerMachine(LockstepMachine[Session]):
                      delay: bool, token: int) -> None:
         """One engine step of a running request: a prefill chunk, or a decode step (a new
         token, maybe with draft tokens that are then rejected)."""
+        config = self.state.config
+        if any(model.is_align_mamba(config, group) for group in config.groups):
+            # Why: vLLM 0.33 runs drafts over an align-mode Mamba group only with its
+            # speculative blocks (num_speculative_blocks = the draft count), which the
+            # 0.33 model leaves out; drafts without them are no configuration vLLM makes.
+            drafts = 0
         request = self._request(request_id)
         if request.num_computed_tokens >= len(request.token_ids):
             if len(request.token_ids) >= self.layout.max_model_len:
@@ -830,6 +847,16 @@ class ManagerMachine(LockstepMachine[Session]):
         """Free a request the manager never saw: nothing changes. (Enabled on one step in
         eleven, as are the other rare calls: Hypothesis favours rules without arguments.)"""
         self.lockstep(model.Free("never-seen"))
+
+    @precondition(lambda self: self.profile.mamba_align_mode and self.every(2, 1))
+    @rule()
+    def new_step(self) -> None:
+        """The scheduler starts a step (vLLM 0.33's ``new_step_starts``): a Mamba hit on a
+        key cached in the last step may now be taken."""
+        held_back = bool(self.state.cached_this_step)
+        self.lockstep(model.NewStep())
+        if held_back:
+            event("new step: Mamba keys of the last step released")
 
     @precondition(lambda self: self.every(3, 2))
     @rule()
@@ -971,7 +998,7 @@ class ManagerMachine(LockstepMachine[Session]):
         if request_id == other or not self.state.config.enable_caching:
             return
         mine = self._request(request_id)
-        hits, num_hit = self.lockstep(model.GetComputedBlocks(other))
+        hits, num_hit, *_ = self.lockstep(model.GetComputedBlocks(other))
         if not num_hit or num_hit >= len(mine.token_ids):
             return
         if model.hit_is_valid(self.state, mine.view(), hits, num_hit):
@@ -1070,7 +1097,9 @@ def _sink_blocks(config: Any) -> int:
 
 def machine_for(make_target: Callable[[], Any],
                 layouts: tuple[Layout, ...] = ALL_LAYOUTS,
-                policy: Policy | None = None) -> type[ManagerMachine]:
+                policy: Policy | None = None,
+                profile: pool_model.Profile = pool_model.Profile.V0_13) -> type[ManagerMachine]:
     """A ManagerMachine subclass checking adapters made by make_target on layouts (under an
-    eviction policy: the profile's when None)."""
-    return ManagerMachine.for_target(make_target, layouts=tuple(layouts), policy=policy)
+    eviction policy: the profile's when None), the spec following ``profile``'s release."""
+    return ManagerMachine.for_target(make_target, layouts=tuple(layouts), policy=policy,
+                                     profile=profile)

@@ -241,9 +241,10 @@ def vllm_kv_cache_config(impl_config: Any) -> Any:
     return vllm_kv.KVCacheConfig(impl_config.num_blocks, [], groups)
 
 
-def vllm_spec(spec: Any) -> Any:
+def vllm_spec(spec: Any, known: Sequence[str] = VLLM_013_SPECS, release: str = "0.13",
+              **overrides: Any) -> Any:
     """One of impl's KVCacheSpec objects rebuilt from vLLM's class of the same name (fields
-    copied by name)."""
+    copied by name; ``overrides`` set fields impl's class lacks, where vLLM's has them)."""
     import dataclasses
 
     import torch
@@ -253,11 +254,12 @@ def vllm_spec(spec: Any) -> Any:
         return getattr(torch, value) if isinstance(value, str) else value
 
     name = type(spec).__name__
-    if name not in VLLM_013_SPECS:
-        raise TargetError(f"vLLM 0.13 has no {name}")
+    if name not in known:
+        raise TargetError(f"vLLM {release} has no {name}")
     vllm_class = getattr(vllm_kv, name)
     fields = {f.name for f in dataclasses.fields(vllm_class) if f.init}
     values = {k: getattr(spec, k) for k in fields if hasattr(spec, k)}
+    values.update({k: v for k, v in overrides.items() if k in fields})
     if "dtype" in values:
         values["dtype"] = dtype(values["dtype"])
     if "dtypes" in values:
@@ -288,6 +290,87 @@ def vllm_013_layouts(layouts: Sequence[Any]) -> tuple[list[Any], list[str]]:
         except (AssertionError, ValueError, KeyError, NotImplementedError) as error:
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             left_out.append(f"{layout.name} (vLLM 0.13 rejects it: {reason})")
+            continue
+        kept.append(layout)
+    return kept, left_out
+
+
+# --- vLLM 0.33's KVCacheManager --------------------------------------------------------------
+
+# The attention types the 0.33 manager layer covers (vLLM 0.33's classes of these names).
+VLLM_033_SPECS = ("FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec",
+                  "ChunkedLocalAttentionSpec", "MambaSpec", "CrossAttentionSpec")
+
+
+def has_033_manager_api(manager_class: Any) -> bool:
+    """vLLM 0.33's KVCacheManager: takes the scheduler's block size."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(manager_class.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+    return "scheduler_block_size" in parameters
+
+
+def vllm_033_kv_cache_config(impl_config: Any, enable_caching: bool) -> Any:
+    """impl's KVCacheConfig rebuilt from vLLM 0.33's classes. A prefix-cached Mamba group
+    runs in ``mamba_cache_mode="align"``: 0.33 refuses Mamba prefix caching in any other mode
+    (single_type_kv_cache_manager.py, MambaManager.__init__)."""
+    from vllm.v1 import kv_cache_interface as vllm_kv
+
+    mode = {"mamba_cache_mode": "align"} if enable_caching else {}
+    groups = [vllm_kv.KVCacheGroupSpec(list(group.layer_names), vllm_spec(
+        group.kv_cache_spec, VLLM_033_SPECS, "0.33", **mode))
+        for group in impl_config.kv_cache_groups]
+    return vllm_kv.KVCacheConfig(impl_config.num_blocks, [], groups)
+
+
+_REGISTERED: list[bool] = []
+
+
+def register_033_managers() -> None:
+    """Fill vLLM 0.33's manager registry once (``register_all_kvcache_specs``): only
+    EngineCore does it in a real engine, and a KVCacheManager built without it finds no
+    manager for any spec (single_type_kv_cache_manager.py, get_manager_for_kv_cache_spec)."""
+    if _REGISTERED:
+        return
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+    register_all_kvcache_specs(None)
+    _REGISTERED.append(True)
+
+
+def vllm_033_layouts(layouts: Sequence[Any]) -> tuple[list[Any], list[str]]:
+    """The manager-machine layouts the 0.33 manager layer runs, and why others are out."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    register_033_managers()
+    kept, left_out = [], []
+    for layout in layouts:
+        config = layout.build(2 + 8 * 4)
+        names = {type(g.kv_cache_spec).__name__ for g in config.kv_cache_groups}
+        unknown = sorted(names - set(VLLM_033_SPECS))
+        if unknown:
+            left_out.append(f"{layout.name} ({', '.join(unknown)}: not in the 0.33 layer yet)")
+            continue
+        if any(getattr(g.kv_cache_spec, "num_speculative_blocks", 0)
+               for g in config.kv_cache_groups):
+            left_out.append(f"{layout.name} (Mamba speculative blocks: not in the 0.33 "
+                            "layer yet)")
+            continue
+        try:
+            import math
+
+            KVCacheManager(vllm_033_kv_cache_config(config, layout.caching),
+                           max_model_len=layout.max_model_len,
+                           scheduler_block_size=math.lcm(*(
+                               g.kv_cache_spec.block_size for g in config.kv_cache_groups)),
+                           hash_block_size=layout.hash_block_size,
+                           enable_caching=layout.caching)
+        except (AssertionError, ValueError, KeyError, NotImplementedError) as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            left_out.append(f"{layout.name} (vLLM 0.33 rejects it: {reason})")
             continue
         kept.append(layout)
     return kept, left_out

@@ -29,6 +29,15 @@ What the model says, as vLLM 0.13's kv_cache_manager.py does it:
   in every group, null blocks only before the real ones of types whose blocks slide out of
   the window), and a request longer than ``max_model_len``.
 
+Under vLLM 0.33 (`Profile.mamba_align_mode`) a prefix-cached Mamba group runs in align mode:
+its list has one entry per block of the main model's tokens (lookahead ignored), null but for
+the running state and the state it was copied from; it gains at most one real block per
+allocate_slots, frees the old state once computed past, and a hit on a key a Mamba group cached
+since the last `NewStep` is refused as if the pool were short. A group's surplus never pays for
+another group's blocks: 0.33 sums an align-mode Mamba group's negative count (a list longer than
+rolled-back tokens need) into the total, passes the capacity check and then runs out of blocks
+mid-allocation (a ValueError; tests/test_spec_mamba_align.py); the model refuses.
+
 Deliberate differences from vLLM 0.13 (impl/ follows the model): a sink-attention group
 holds its sink blocks as ordinary references taken at construction; configs 0.13 would reject
 with an assertion or a late NotImplementedError (cross-attention with prefix caching) are
@@ -63,10 +72,12 @@ __all__ = [
     "GroupSpec",
     "Hashing",
     "Kind",
+    "MambaAlign",
     "ManagerConfig",
     "ManagerError",
     "ManagerState",
     "NewManager",
+    "NewStep",
     "Request",
     "RequestView",
     "ResetPrefixCache",
@@ -75,6 +86,7 @@ __all__ = [
     "TakeEvents",
     "UnknownRequest",
     "Usage",
+    "align_blocks_to_allocate",
     "allocate_slots",
     "cache_blocks",
     "coarse_hashes",
@@ -83,9 +95,14 @@ __all__ = [
     "get_blocks",
     "get_computed_blocks",
     "get_num_common_prefix_blocks",
+    "is_align_mamba",
+    "mamba_holds_at_most_two_states",
     "new_manager",
+    "new_step",
+    "no_same_step_mamba_hit",
     "refusal_frees_only_skipped_blocks",
     "reset_prefix_cache",
+    "same_step_mamba_hit",
     "step",
     "take_events",
     "usage",
@@ -155,6 +172,14 @@ class ManagerConfig:
     enable_events: bool = False
     profile: P.Profile = P.Profile.V0_13
     policy: Policy | None = None  # the pool's eviction policy (spec.eviction); the profile's
+    # vLLM 0.33: the scheduler's block (its chunk alignment; 0 = the lcm of the block sizes,
+    # what 0.13 aligns hits to and what 0.33's scheduler passes for these layouts).
+    scheduler_block_size: int = 0
+
+    @property
+    def alignment(self) -> int:
+        """Tokens a hybrid hit (and, under 0.33, a hybrid ``cache_blocks``) is aligned to."""
+        return self.scheduler_block_size or math.lcm(*(g.block_size for g in self.groups))
 
 
 @dataclass(frozen=True)
@@ -170,6 +195,7 @@ class RequestView:
     lora_id: int | None = None
     skip_reading_prefix_cache: bool = False
     retention: tuple[TokenRangeRetention, ...] = ()  # hints a ``priority`` pool reads
+    num_prompt_tokens: int = 0  # vLLM 0.33 keys the prompt's last hash boundary
 
 
 # --- State -------------------------------------------------------------------------------------
@@ -180,12 +206,33 @@ GroupBlocks = tuple[tuple[BlockId, ...], ...]  # per group
 
 
 @dataclass(frozen=True)
+class MambaAlign:
+    """One request's state in an align-mode Mamba group (vLLM 0.33's MambaManager dicts,
+    single_type_kv_cache_manager.py:1453-1460): the index of the state block allocated two
+    steps back (``last_state_block_idx``), how many leading blocks the skip walk has passed
+    (``_num_retired_blocks``) and whether it has been through ``allocate_new_blocks``
+    (``_allocated_block_reqs``). The default is "no entry" in every dict."""
+
+    last_state_idx: int | None = None
+    retired: int = 0
+    allocated: bool = False
+
+
+MambaTable = tuple[tuple[str, MambaAlign], ...]  # request id -> its MambaAlign, sorted by id
+
+
+@dataclass(frozen=True)
 class ManagerState:
     config: ManagerConfig
     pool: PoolState
     tables: tuple[Table, ...]  # per group: every request holding a block list in it
     num_cached: tuple[Counts, ...]  # per group
     sink_blocks: GroupBlocks  # per group (empty but for sink attention)
+    # vLLM 0.33's Mamba align mode (`Profile.mamba_align_mode`), empty otherwise: per group
+    # (empty for groups not in align mode), each request's `MambaAlign` that differs from the
+    # default, sorted by id; and the keys Mamba groups cached since the last NewStep, sorted.
+    mamba: tuple[MambaTable, ...] = ()
+    cached_this_step: tuple[P.Key, ...] = ()
 
 
 def _lookup(pairs: Sequence[tuple[str, object]], key: str) -> object | None:
@@ -215,6 +262,32 @@ def _put(pairs: tuple[tuple[str, object], ...], key: str, value: object) -> tupl
 
 def _drop(pairs: tuple[tuple[str, object], ...], key: str) -> tuple[tuple[str, object], ...]:
     return tuple((k, v) for k, v in pairs if k != key)
+
+
+def is_align_mamba(config: ManagerConfig, group: GroupSpec) -> bool:
+    """The group is a Mamba group in vLLM 0.33's align mode: 0.33 with prefix caching on
+    (single_type_kv_cache_manager.py:1442-1444 requires align mode for caching; with caching
+    off the mode stays "none" and 0.13's rules hold)."""
+    return (group.kind is Kind.MAMBA and config.enable_caching
+            and config.profile.mamba_align_mode)
+
+
+def _mamba_get(state: ManagerState, group_id: int, request_id: str) -> MambaAlign:
+    if group_id >= len(state.mamba):
+        return MambaAlign()
+    found = _lookup(state.mamba[group_id], request_id)
+    return MambaAlign() if found is None else found  # type: ignore[return-value]
+
+
+def _mamba_put(mamba: Sequence[MambaTable], num_groups: int, group_id: int,
+               request_id: str, value: MambaAlign) -> tuple[MambaTable, ...]:
+    """``mamba`` with the request's entry in the group set (dropped when it is the default)."""
+    tables = list(mamba) or [() for _ in range(num_groups)]
+    if value == MambaAlign():
+        tables[group_id] = _drop(tables[group_id], request_id)  # type: ignore[assignment]
+    else:
+        tables[group_id] = _put(tables[group_id], request_id, value)  # type: ignore[assignment]
+    return tuple(tables)
 
 
 def new_manager(config: ManagerConfig) -> ManagerState:
@@ -254,6 +327,14 @@ def _check_config(config: ManagerConfig) -> None:
         return
     if any(g.kind is Kind.CROSS for g in groups):
         raise BadConfig("cross-attention is never prefix-cached: turn caching off")
+    for group in groups:
+        # vLLM 0.33 align mode, modelled where its fine-grained hits, speculative blocks and
+        # EAGLE checkpoints are off (single_type_kv_cache_manager.py:1500-1520, 1446-1452).
+        if is_align_mamba(config, group) and (
+                group.num_speculative_blocks or config.use_eagle
+                or group.block_size != config.hash_block_size):
+            raise BadConfig(f"Mamba align mode is modelled only with its block size equal to "
+                            f"the hash block size, no speculative blocks and no EAGLE: {group!r}")
     if len(groups) == 1:
         if groups[0].block_size != config.hash_block_size:
             raise BadConfig(
@@ -299,6 +380,18 @@ def coarse_hashes(
     )
 
 
+def group_hashes(config: ManagerConfig, block_hashes: Sequence[bytes], block_size: int
+                 ) -> tuple[bytes, ...]:
+    """A request's hashes at a group's block size, as the profile's release makes them:
+    0.13 concatenates the fine hashes a block covers (`coarse_hashes`); 0.33 takes the
+    fine hash at the block's end, which already chains over the whole prefix
+    (`spec.hashing.coarse_hashes_for`)."""
+    scale = block_size // config.hash_block_size
+    if config.profile is P.Profile.V0_13 or scale == 1:
+        return coarse_hashes(block_hashes, config.hash_block_size, block_size)
+    return H.coarse_hashes_for(config.profile, tuple(block_hashes), scale)
+
+
 def _hit_pattern(pool: PoolState, hashes: Sequence[bytes], group_ids: Sequence[int]) -> tuple[
     bool, ...
 ]:
@@ -326,7 +419,7 @@ def _type_hit(
     """One attention type's hit within max_length tokens, per group of the type."""
     config = state.config
     bs = group.block_size
-    hashes = coarse_hashes(block_hashes, config.hash_block_size, bs)
+    hashes = group_hashes(config, block_hashes, bs)
     hits = _hit_pattern(state.pool, hashes, group_ids)
     max_length = min(max_length, len(hashes) * bs)
     eagle = config.use_eagle
@@ -367,27 +460,55 @@ def find_longest_cache_hit(
     groups = config.groups
     if not config.enable_caching:
         return tuple(() for _ in groups), 0
-    alignment = math.lcm(*(g.block_size for g in groups))
+    alignment = config.alignment
     if len(groups) == 1:
         # One group: its rule, once (EAGLE's dropped block must not be dropped again).
         hit = _type_hit(state, groups[0], (0,), block_hashes, max_cache_hit_length, alignment)
         return hit, len(hit[0]) * groups[0].block_size
+    hit, length, _ = _hybrid_hit(state, block_hashes, max_cache_hit_length)
+    return hit, length
+
+
+def _hybrid_hit(state: ManagerState, block_hashes: Sequence[bytes], max_cache_hit_length: int
+                ) -> tuple[GroupBlocks, int, int]:
+    """Several groups: the reconciled hit, its length, and the first type's own first hit
+    (the longest single-type hit: later types only shorten it)."""
+    config = state.config
     length = max_cache_hit_length
+    first_hit = -1
     found: dict[int, GroupBlocks] = {}
     while True:
         shortened = False
         for index, (spec, group_ids) in enumerate(attention_types(config)):
-            found[index] = _type_hit(state, spec, group_ids, block_hashes, length, alignment)
+            found[index] = _type_hit(state, spec, group_ids, block_hashes, length,
+                                     config.alignment)
             hit_length = len(found[index][0]) * spec.block_size
+            if first_hit < 0:
+                first_hit = hit_length
             if hit_length < length:
                 length, shortened = hit_length, True
         if not shortened:
             break
-    per_group: list[tuple[BlockId, ...]] = [() for _ in groups]
+    per_group: list[tuple[BlockId, ...]] = [() for _ in config.groups]
     for index, (_, group_ids) in enumerate(attention_types(config)):
         for group_id, blocks in zip(group_ids, found[index], strict=True):
             per_group[group_id] = blocks
-    return tuple(per_group), length
+    return tuple(per_group), length, max(first_hit, length)
+
+
+def shared_prefix_boundary(state: ManagerState, request: RequestView) -> int:
+    """vLLM 0.33's third output of ``get_computed_blocks``: where the longest single-type
+    hit ends, when another type (a window, a Mamba state) cut the reconciled hit shorter;
+    else 0. The scheduler pins that junction so sparse retention keeps it for the next
+    request (kv_cache_manager.py ``shared_prefix_boundary``; kv_cache_coordinator.py
+    ``num_uncached_common_prefix_tokens``). One group: always 0. Never at or below the
+    lookup's own length: 0 or past it."""
+    config = state.config
+    if (len(config.groups) < 2 or not config.enable_caching
+            or request.skip_reading_prefix_cache or not request.num_tokens):
+        return 0
+    _, length, longest = _hybrid_hit(state, request.block_hashes, request.num_tokens - 1)
+    return longest if longest > length else 0
 
 
 def _check_request(config: ManagerConfig, request: RequestView) -> None:
@@ -534,24 +655,75 @@ def _skipped_indices(blocks: Sequence[BlockId], group: GroupSpec, num_computed: 
     return indices
 
 
+def _align_skip_plan(blocks: Sequence[BlockId], group: GroupSpec, num_computed: int,
+                     mamba: MambaAlign) -> tuple[list[int], int | None, MambaAlign]:
+    """An align-mode Mamba group's ``remove_skipped_blocks`` (vLLM 0.33): the indices the
+    skip walk frees (highest first), the state block freed after them (or None), and the
+    request's new `MambaAlign`.
+
+    Why: the walk over the leading blocks made only of skipped tokens (all but the last,
+    single_type_kv_cache_manager.py:2027-2031 and 705-719) passes null blocks instead of
+    stopping at the first one, because prefill leaves null gaps between the states (1587-1592),
+    and starts at ``_num_retired_blocks`` (1583), which it then raises to the walk's end
+    (1594). Then the state block allocated two steps back is freed once it lies below the
+    last computed token's block (1617-1635)."""
+    bs = group.block_size
+    last = min(rules.skipped_blocks(rules.mamba_skipped_tokens(num_computed), bs), len(blocks))
+    first = mamba.retired
+    walked: list[int] = []
+    if first < last:
+        walked = [i for i in range(last - 1, first - 1, -1) if blocks[i] != NULL_BLOCK]
+        mamba = replace(mamba, retired=last)
+    state_index = mamba.last_state_idx
+    if (state_index is None or state_index >= rules.cdiv(num_computed, bs) - 1
+            or state_index in walked or blocks[state_index] == NULL_BLOCK):
+        state_index = None
+    return walked, state_index, mamba
+
+
 def _free_skipped(state: ManagerState, request_id: str, num_computed_tokens: int
                   ) -> ManagerState:
     """allocate_slots' stage 1: in every group, the request's blocks that slid out of the
-    window become null blocks, and the pool frees them (highest index first)."""
+    window become null blocks, and the pool frees them (highest index first). An align-mode
+    Mamba group frees its walk in one call, then the old state block in another (vLLM 0.33,
+    `_align_skip_plan`)."""
     pool = state.pool
     tables = list(state.tables)
-    for g, group in enumerate(state.config.groups):
+    mamba = state.mamba
+    config = state.config
+    for g, group in enumerate(config.groups):
         current = _table_get(tables[g], request_id)
         if current is None:
             continue
-        skipped = _skipped_indices(current, group, num_computed_tokens)
-        if skipped:
-            pool = P.free_blocks(pool, [current[i] for i in skipped])
-            nulled = list(current)
-            for i in skipped:
-                nulled[i] = NULL_BLOCK
+        batches: list[list[int]]
+        if is_align_mamba(config, group):
+            walked, state_index, entry = _align_skip_plan(
+                current, group, num_computed_tokens, _mamba_get(state, g, request_id))
+            mamba = _mamba_put(mamba, len(config.groups), g, request_id, entry)
+            batches = [walked, [] if state_index is None else [state_index]]
+        else:
+            batches = [_skipped_indices(current, group, num_computed_tokens)]
+        nulled = list(current)
+        for skipped in batches:
+            if skipped:
+                pool = P.free_blocks(pool, [current[i] for i in skipped])
+                for i in skipped:
+                    nulled[i] = NULL_BLOCK
+        if tuple(nulled) != current:
             tables[g] = _put(tables[g], request_id, tuple(nulled))  # type: ignore[assignment]
-    return replace(state, pool=pool, tables=tuple(tables))
+    return replace(state, pool=pool, tables=tuple(tables), mamba=mamba)
+
+
+def _skip_frees(state: ManagerState, request_id: str, group_id: int,
+                blocks: Sequence[BlockId], num_computed: int) -> list[BlockId]:
+    """The blocks of one group stage 1 hands back to the pool."""
+    group = state.config.groups[group_id]
+    if is_align_mamba(state.config, group):
+        walked, state_index, _ = _align_skip_plan(
+            blocks, group, num_computed, _mamba_get(state, group_id, request_id))
+        return [blocks[i] for i in walked] + ([] if state_index is None
+                                              else [blocks[state_index]])
+    return [blocks[i] for i in _skipped_indices(blocks, group, num_computed)]
 
 
 def _slot_tokens(group: GroupSpec, num_tokens: int, num_encoder_tokens: int) -> int:
@@ -588,13 +760,65 @@ def _check_hits(state: ManagerState, request: RequestView, hits: GroupBlocks,
         num_null = blocks.count(NULL_BLOCK) if group.kind not in (*FULL_KINDS, Kind.CROSS) else 0
         if NULL_BLOCK in blocks[num_null:]:
             raise BadAllocation(f"a null block among the real hits of group {g}")
-        hashes = coarse_hashes(request.block_hashes, config.hash_block_size, group.block_size)
+        hashes = group_hashes(config, request.block_hashes, group.block_size)
         if len(hashes) < len(blocks):
             raise BadAllocation(f"hits in group {g} beyond the request's hashes")
         for i in range(num_null, len(blocks)):
             cached = P.get_cached_block(state.pool, hashes[i], (g,))
             if cached is None or cached[0] != blocks[i]:
                 raise BadAllocation(f"block {blocks[i]} is not the request's hit {i} in group {g}")
+
+
+def same_step_mamba_hit(state: ManagerState, hits: GroupBlocks) -> bool:
+    """A hit whose last block, in some align-mode Mamba group, carries a key cached since the
+    last NewStep (vLLM 0.33 compares the block's primary key, ``block_hash``, with the
+    manager's ``cached_blocks_this_step``, single_type_kv_cache_manager.py:1714-1716)."""
+    config = state.config
+    for group, blocks in zip(config.groups, hits, strict=False):
+        if is_align_mamba(config, group) and blocks:
+            key = state.pool.key_of[blocks[-1]]
+            if key is not None and key in state.cached_this_step:
+                return True
+    return False
+
+
+def align_blocks_to_allocate(group: GroupSpec, num_tokens_main: int, num_hits: int,
+                             num_held: int) -> int:
+    """An align-mode Mamba group's ``get_num_blocks_to_allocate`` before its evictable hits
+    (vLLM 0.33, single_type_kv_cache_manager.py:1736-1794, with no partial hit, checkpoint
+    or speculative block): the table grows to one entry per block of the main model's tokens,
+    hits and null entries included, but only one of them is a real new block (the running
+    state), so a positive count is capped at 1; a negative one (tokens rolled back below the
+    table) stays.
+
+    pre: group.block_size > 0 and num_tokens_main >= 0 and num_hits >= 0 and num_held >= 0
+    post: __return__ <= 1
+    """
+    count = rules.cdiv(num_tokens_main, group.block_size) - num_hits - num_held
+    return min(count, 1) if count > 0 else count
+
+
+def _align_allocate(pool: PoolState, group: GroupSpec, blocks: tuple[BlockId, ...],
+                    num_tokens_main: int, entry: MambaAlign
+                    ) -> tuple[PoolState, tuple[BlockId, ...], tuple[BlockId, ...], MambaAlign]:
+    """An align-mode Mamba group's ``allocate_new_blocks`` (vLLM 0.33,
+    single_type_kv_cache_manager.py:1811-1923): the pool, the table, what allocate_slots
+    returns for the group, and the request's new `MambaAlign`.
+
+    Why: the table holds one entry per block of the main model's tokens, but only the
+    running state needs a real block; so when the table is long enough nothing is taken
+    (1830-1836); otherwise the last entry (the previous state, or the hit) is recorded as the
+    state to free later (1839-1849), null entries pad the table to one short of its length
+    (1851-1859) and one new block ends it (1874-1877). vLLM returns the table's new tail,
+    ``req_blocks[prev_block_len:]``: the null padding and the new block (1878, 1920-1922)."""
+    required = rules.cdiv(num_tokens_main, group.block_size)
+    if required <= len(blocks):
+        return pool, blocks, (), replace(entry, allocated=True)
+    if blocks:
+        entry = replace(entry, last_state_idx=len(blocks) - 1)
+    padding = (NULL_BLOCK,) * max(required - 1 - len(blocks), 0)
+    pool, taken = P.get_new_blocks(pool, required - len(blocks) - len(padding))
+    return pool, blocks + padding + taken, padding + taken, replace(entry, allocated=True)
 
 
 def allocate_slots(
@@ -646,17 +870,33 @@ def allocate_slots(
     pool = state.pool
     wanted = 0
     freed_by_skip = 0
+    # vLLM 0.33's align-mode Mamba sizes its table by the main model's tokens only: draft
+    # models have no Mamba layers, and lookahead slots would break the block alignment
+    # (single_type_kv_cache_manager.py:1729-1735; kv_cache_manager.py:546, uncapped).
+    num_main = min(num_computed, max_len) + num_new_tokens
     for g, group in enumerate(groups):
         blocks = held[g] or ()
         group_hits = () if group.kind is Kind.CROSS else hits[g]
         evictable = sum(1 for b in group_hits if b != NULL_BLOCK and pool.ref[b] == 0)
-        # A group's surplus (a negative count) is no use to the others.
-        wanted += max(0, rules.num_blocks_to_allocate(
-            _slot_tokens(group, need, num_encoder_tokens), group.block_size,
-            len(group_hits), len(blocks), evictable,
-        ))
-        skipped = _skipped_indices(blocks, group, request.num_computed_tokens)
-        freed_by_skip += sum(1 for i in skipped if pool.ref[blocks[i]] == 1)
+        if is_align_mamba(config, group):
+            if same_step_mamba_hit(state, hits):
+                # Why: a state cached this step is written by this step's forward pass, so a
+                # hit on it must wait; 0.33 asks for more blocks than the pool has (num_gpu_blocks
+                # + 1, single_type_kv_cache_manager.py:1714-1724): a refusal for lack of room.
+                wanted += config.num_blocks + 1
+                continue
+            count = align_blocks_to_allocate(group, num_main, len(group_hits), len(blocks))
+        else:
+            count = rules.num_blocks_to_allocate(
+                _slot_tokens(group, need, num_encoder_tokens), group.block_size,
+                len(group_hits), len(blocks), 0)
+        # A group's surplus (a negative count) is no use to the others (vLLM 0.33's
+        # coordinator sums align-mode Mamba's count unclamped, kv_cache_coordinator.py:236-262:
+        # a difference, see the module docstring).
+        wanted += max(0, count + evictable)
+        freed_by_skip += sum(1 for b in _skip_frees(state, rid, g, blocks,
+                                                    request.num_computed_tokens)
+                             if pool.ref[b] == 1)
     if wanted > P.num_free(pool) + freed_by_skip:
         # Too few free blocks: not a bad call, so the profile decides whether stage 1 runs.
         if not config.profile.refusal_frees_skipped_blocks:
@@ -678,25 +918,72 @@ def allocate_slots(
             counts[g] = _put(counts[g], rid, len(hits[g]))  # type: ignore[assignment]
     # Stage 4: new blocks, group by group.
     new_blocks: list[tuple[BlockId, ...]] = []
+    mamba = state.mamba
     for g, group in enumerate(groups):
         blocks = held[g] or ()
-        missing = rules.blocks_needed(_slot_tokens(group, need, num_encoder_tokens),
-                                      group.block_size) - len(blocks)
-        taken: tuple[BlockId, ...] = ()
-        if missing > 0:
-            pool, taken = P.get_new_blocks(pool, missing)
-        held[g] = blocks + taken
+        if is_align_mamba(config, group):
+            entry = _mamba_get(state, g, rid)
+            pool, blocks, taken, entry = _align_allocate(pool, group, blocks, num_main, entry)
+            mamba = _mamba_put(mamba, len(groups), g, rid, entry)
+            held[g] = blocks
+        else:
+            missing = rules.blocks_needed(_slot_tokens(group, need, num_encoder_tokens),
+                                          group.block_size) - len(blocks)
+            taken = ()
+            if missing > 0:
+                pool, taken = P.get_new_blocks(pool, missing)
+            held[g] = blocks + taken
         new_blocks.append(taken)
         tables[g] = _put(tables[g], rid, held[g])  # type: ignore[assignment]
-    state = replace(state, pool=pool, tables=tuple(tables), num_cached=tuple(counts))
+    state = replace(state, pool=pool, tables=tuple(tables), num_cached=tuple(counts),
+                    mamba=mamba)
     # Stage 5: key the blocks the computed tokens fill.
     if caching_now:
         state = cache_blocks(state, request, to_cache)
     return state, tuple(new_blocks)
 
 
+def _keys_prompt_tail(config: ManagerConfig, group: GroupSpec) -> bool:
+    """vLLM 0.33's full attention over blocks larger than the hash block also keys the block
+    where the prompt's last hash boundary falls (single_type_kv_cache_manager.py:854-897)."""
+    return (group.kind in FULL_KINDS and config.profile.multi_key_blocks
+            and group.block_size != config.hash_block_size)
+
+
+def _cache_prompt_tail(pool: PoolState, config: ManagerConfig, group_id: int,
+                       request: RequestView, num_tokens: int, blocks: Sequence[BlockId]
+                       ) -> PoolState:
+    """The partial entry at the prompt's last hash boundary, made after the full keys of
+    the call: a resent prompt matches at most ``num_prompt_tokens - 1`` tokens (all of
+    them under EAGLE, which drops a unit after), so that boundary is where a sibling
+    resumes. Made after the call's full keys, so it sits beside them. Nothing when it lies
+    on a block edge (the full key serves it), past the tokens cached, or past the blocks
+    held."""
+    hash_bs = config.hash_block_size
+    limit = request.num_prompt_tokens - (0 if config.use_eagle else 1)
+    boundary = min(limit // hash_bs, len(request.block_hashes)) * hash_bs
+    bs = config.groups[group_id].block_size
+    if (boundary <= 0 or boundary > num_tokens or boundary % bs == 0
+            or boundary // bs >= len(blocks)):
+        return pool
+    pool, _ = P.cache_partial_block(
+        pool, blocks[boundary // bs], request.block_hashes, boundary, group_id, bs, hash_bs,
+        token_ids=request.token_ids[boundary - hash_bs:boundary], lora_id=request.lora_id)
+    return pool
+
+
 def cache_blocks(state: ManagerState, request: RequestView, num_tokens: int) -> ManagerState:
-    """Key every group's blocks that num_tokens tokens fill and that are not keyed yet."""
+    """Key every group's blocks that num_tokens tokens fill and that are not keyed yet.
+
+    Under `Profile.caches_to_scheduler_block` a hybrid model first rounds num_tokens down to
+    the scheduler block, for every group (vLLM 0.33's HybridKVCacheCoordinator
+    ``get_num_cacheable_tokens``, kv_cache_coordinator.py:777-804: hits are aligned to it, so
+    a block past it serves none). An align-mode Mamba group records the keys it gives its
+    non-null blocks in ``cached_this_step`` (single_type_kv_cache_manager.py:2000-2010); its
+    prompt-boundary partial entry (``_cache_partial_tail_block``, 2038-2135) adds nothing when
+    the hash block is the Mamba block: the boundary block was just keyed with that very
+    prefix, or is null (2112-2117), and a boundary on a block edge records no partial hit
+    (2124)."""
     config = state.config
     if num_tokens < 0:
         raise BadAllocation(f"cache_blocks of {num_tokens} tokens")
@@ -705,30 +992,43 @@ def cache_blocks(state: ManagerState, request: RequestView, num_tokens: int) -> 
         return state
     if len(request.block_hashes) < num_tokens // config.hash_block_size:
         raise BadAllocation(f"request {request.request_id!r} has too few block hashes")
+    if len(config.groups) > 1 and config.profile.caches_to_scheduler_block:
+        num_tokens = num_tokens // config.alignment * config.alignment
     pool = state.pool
     counts = list(state.num_cached)
     rid = request.request_id
+    recorded = set(state.cached_this_step)
     for g, group in enumerate(config.groups):
         blocks = _table_get(state.tables[g], rid) or ()
         num_full = num_tokens // group.block_size
         num_cached = _count_get(counts[g], rid)
         if num_cached >= num_full:
+            if _keys_prompt_tail(config, group):
+                pool = _cache_prompt_tail(pool, config, g, request, num_tokens, blocks)
             continue
         if group.kind is Kind.CROSS:
             raise BadConfig("cross-attention is never prefix-cached")
         bs = group.block_size
         pool = P.cache_full_blocks(
-            pool, blocks, coarse_hashes(request.block_hashes, config.hash_block_size, bs),
+            pool, blocks, group_hashes(config, request.block_hashes, bs),
             num_cached, num_full, g,
             token_ids=request.token_ids[num_cached * bs : num_full * bs], block_size=bs,
             lora_id=request.lora_id, retention=request.retention,
         )
+        if is_align_mamba(config, group):
+            recorded.update(key for b in blocks[num_cached:num_full] if b != NULL_BLOCK
+                            for key in [pool.key_of[b]] if key is not None)
         counts[g] = _put(counts[g], rid, num_full)  # type: ignore[assignment]
-    return replace(state, pool=pool, num_cached=tuple(counts))
+        if _keys_prompt_tail(config, group):
+            pool = _cache_prompt_tail(pool, config, g, request, num_tokens, blocks)
+    return replace(state, pool=pool, num_cached=tuple(counts),
+                   cached_this_step=tuple(sorted(recorded)))
 
 
 def free(state: ManagerState, request_id: str, strict: bool = False) -> ManagerState:
-    """Release the request's blocks: group by group, each list last block first."""
+    """Release the request's blocks: group by group, each list last block first (null
+    blocks skipped); an align-mode Mamba group forgets the request's `MambaAlign` too (vLLM
+    0.33's ``pop_blocks_for_free``, single_type_kv_cache_manager.py:1952-1969 and 571-601)."""
     if strict and all(_table_get(t, request_id) is None for t in state.tables):
         raise UnknownRequest(f"no blocks held for request {request_id!r}")
     pool = state.pool
@@ -741,7 +1041,15 @@ def free(state: ManagerState, request_id: str, strict: bool = False) -> ManagerS
         pool=pool,
         tables=tuple(_drop(t, request_id) for t in state.tables),  # type: ignore[misc]
         num_cached=tuple(_drop(c, request_id) for c in state.num_cached),  # type: ignore[misc]
+        mamba=tuple(_drop(m, request_id) for m in state.mamba),  # type: ignore[misc]
     )
+
+
+def new_step(state: ManagerState) -> ManagerState:
+    """A scheduler step starts: the keys cached in the last one may serve Mamba hits now
+    (vLLM 0.33's ``new_step_starts``, kv_cache_manager.py:929, clearing each Mamba manager's
+    ``cached_blocks_this_step``, single_type_kv_cache_manager.py:2035-2036)."""
+    return replace(state, cached_this_step=())
 
 
 # --- Queries -----------------------------------------------------------------------------------
@@ -753,8 +1061,9 @@ def get_blocks(state: ManagerState, request_id: str) -> GroupBlocks:
 
 def get_num_common_prefix_blocks(state: ManagerState, request_id: str) -> tuple[int, ...]:
     """Per group: full attention counts the leading blocks of the request whose ref count is
-    the number of requests holding blocks in the group; other types (and caching off) 0."""
-    if not state.config.enable_caching:
+    the number of requests holding blocks in the group; other types (and caching off) 0.
+    vLLM 0.33 removed cascade attention: 0 everywhere (`Profile.cascade_prefix_removed`)."""
+    if not state.config.enable_caching or state.config.profile.cascade_prefix_removed:
         return tuple(0 for _ in state.config.groups)
     result = []
     for group, table in zip(state.config.groups, state.tables, strict=True):
@@ -836,10 +1145,16 @@ def cached_prefix_is_keyed(state: ManagerState) -> bool:
 
 def null_blocks_only_where_skipped(state: ManagerState) -> bool:
     """Full, sink and cross-attention lists hold no null block; the others hold null blocks
-    only before their real ones."""
-    for group, table in zip(state.config.groups, state.tables, strict=True):
+    only before their real ones. An align-mode Mamba list pads with null blocks between its
+    states (vLLM 0.33, single_type_kv_cache_manager.py:1851-1859): nulls anywhere before its
+    last entry, which is the running state and always real."""
+    config = state.config
+    for group, table in zip(config.groups, state.tables, strict=True):
         for _, blocks in table:
-            if group.kind in (*FULL_KINDS, Kind.CROSS):
+            if is_align_mamba(config, group):
+                if blocks and blocks[-1] == NULL_BLOCK:
+                    return False
+            elif group.kind in (*FULL_KINDS, Kind.CROSS):
                 if NULL_BLOCK in blocks:
                     return False
             else:
@@ -847,6 +1162,46 @@ def null_blocks_only_where_skipped(state: ManagerState) -> bool:
                 if real and NULL_BLOCK in blocks[real[0]:]:
                     return False
     return True
+
+
+def mamba_holds_at_most_two_states(state: ManagerState) -> bool:
+    """An align-mode Mamba list holds at most two real blocks: the running state and the
+    one it was copied from, freed at the next allocation once computed past (vLLM 0.33,
+    single_type_kv_cache_manager.py:1617-1635; no speculative blocks modelled). Holds as long
+    as a request's computed tokens never go back (a rollback lets a long chunk add a third)."""
+    config = state.config
+    for group, table in zip(config.groups, state.tables, strict=True):
+        if is_align_mamba(config, group):
+            for _, blocks in table:
+                if sum(1 for b in blocks if b != NULL_BLOCK) > 2:
+                    return False
+    return True
+
+
+def mamba_state_is_known(state: ManagerState) -> bool:
+    """Align-mode bookkeeping only for align-mode Mamba groups and requests holding a list
+    there; a recorded state index points into the list; nothing cached this step unless
+    some group is in align mode."""
+    config = state.config
+    align = [is_align_mamba(config, g) for g in config.groups]
+    if not any(align) and (state.cached_this_step or any(state.mamba)):
+        return False
+    for g, entries in enumerate(state.mamba):
+        for rid, entry in entries:
+            blocks = _table_get(state.tables[g], rid)
+            if not align[g] or blocks is None:
+                return False
+            if entry.last_state_idx is not None and not 0 <= entry.last_state_idx < len(blocks):
+                return False
+    return True
+
+
+def no_same_step_mamba_hit(before: ManagerState, hits: GroupBlocks | None,
+                           result: GroupBlocks | None) -> bool:
+    """Rule check for one allocate_slots call from state ``before`` with hits ``hits``: a
+    hit on an align-mode Mamba key cached since the last NewStep is refused (``result`` is
+    None; vLLM 0.33, single_type_kv_cache_manager.py:1714-1724)."""
+    return hits is None or not same_step_mamba_hit(before, hits) or result is None
 
 
 def no_caching_no_keys(state: ManagerState) -> bool:
@@ -868,7 +1223,7 @@ def request_blocks_match_hashes(state: ManagerState, requests: Mapping[str, Requ
             request = requests.get(rid)
             if request is None:
                 continue
-            hashes = coarse_hashes(request.block_hashes, config.hash_block_size,
+            hashes = group_hashes(config, request.block_hashes,
                                    group.block_size)
             for i in range(_count_get(counts, rid)):
                 block = blocks[i]
@@ -904,7 +1259,7 @@ def released(state: ManagerState, request_id: str) -> bool:
     """Nothing of the request is left: no list and no keyed-count entry in any group."""
     return all(_table_get(t, request_id) is None for t in state.tables) and all(
         _lookup(c, request_id) is None for c in state.num_cached
-    )
+    ) and all(_lookup(m, request_id) is None for m in state.mamba)
 
 
 def hit_is_valid(
@@ -918,7 +1273,7 @@ def hit_is_valid(
     for g, (group, blocks) in enumerate(zip(config.groups, hit, strict=True)):
         if blocks and len(blocks) * group.block_size != num_hit_tokens:
             return False
-        hashes = coarse_hashes(request.block_hashes, config.hash_block_size, group.block_size)
+        hashes = group_hashes(config, request.block_hashes, group.block_size)
         for i, block in enumerate(blocks):
             if block != NULL_BLOCK and state.pool.key_of[block] != P.make_key(hashes[i], g):
                 return False
@@ -937,7 +1292,8 @@ def refusal_frees_only_skipped_blocks(
         expected = _free_skipped(before, request.request_id, request.num_computed_tokens)
     return (after.tables == expected.tables and after.num_cached == expected.num_cached
             and after.pool.ref == expected.pool.ref and after.pool.free == expected.pool.free
-            and after.pool.key_of == expected.pool.key_of)
+            and after.pool.key_of == expected.pool.key_of and after.mamba == expected.mamba
+            and after.cached_this_step == expected.cached_this_step)
 
 
 INVARIANTS = (
@@ -947,6 +1303,8 @@ INVARIANTS = (
     cached_prefix_is_keyed,
     null_blocks_only_where_skipped,
     no_caching_no_keys,
+    mamba_holds_at_most_two_states,
+    mamba_state_is_known,
 )
 
 
@@ -1029,7 +1387,7 @@ class Request:
     def view(self) -> RequestView:
         return RequestView(self.request_id, len(self.token_ids), self.num_computed_tokens,
                            self.block_hashes, self.token_ids, self.lora,
-                           retention=self.retention)
+                           retention=self.retention, num_prompt_tokens=len(self.prompt))
 
 
 def extend_block_hashes(hashing: Hashing, block_size: int, request: Request) -> Request:
@@ -1153,6 +1511,12 @@ class TakeEvents:
 
 
 @dataclass(frozen=True)
+class NewStep:
+    """A scheduler step starts (vLLM 0.33's ``KVCacheManager.new_step_starts``; a no-op for
+    every state but the align-mode Mamba keys cached in the last step)."""
+
+
+@dataclass(frozen=True)
 class Usage:
     pass
 
@@ -1161,7 +1525,7 @@ class Usage:
 # the manager's too: the manager passes them to its pool.
 ManagerCommand = (NewManager | AddRequest | AppendTokens | SetComputedTokens | GetComputedBlocks
                   | AllocateSlots | Free | CacheBlocks | EvictBlocks | GetNumCommonPrefixBlocks
-                  | GetBlockIds | ResetPrefixCache | TakeEvents | Usage | P.SetRetention
+                  | GetBlockIds | ResetPrefixCache | TakeEvents | Usage | NewStep | P.SetRetention
                   | P.AdvanceClock | P.PinBlocks | P.UnpinBlocks)
 
 Requests = tuple[tuple[str, Request], ...]  # sorted by id
@@ -1186,6 +1550,10 @@ class Session:
 
     def request_views(self) -> dict[str, RequestView]:
         return {rid: request.view() for rid, request in self.requests}
+
+    def last_lookup(self, request_id: str) -> GroupBlocks | None:
+        """The request's last ``get_computed_blocks`` blocks, or None before any lookup."""
+        return _lookup(self.hits, request_id)  # type: ignore[return-value]
 
 
 def _with_request(session: Session, request: Request) -> Session:
@@ -1217,9 +1585,13 @@ def step(session: Session | None, command: ManagerCommand) -> tuple[Session, obj
         request = replace(session.request(c.request_id), num_computed_tokens=c.num_tokens)
         return _with_request(session, request), None
     if isinstance(c, GetComputedBlocks):
-        found_hits, num_hit = get_computed_blocks(state, session.request(c.request_id).view())
+        view = session.request(c.request_id).view()
+        found_hits, num_hit = get_computed_blocks(state, view)
         lookups = _put(session.hits, c.request_id, found_hits)
-        return replace(session, hits=lookups), (found_hits, num_hit)  # type: ignore[arg-type]
+        session = replace(session, hits=lookups)  # type: ignore[arg-type]
+        if state.config.profile.reports_uncached_shared_prefix:
+            return session, (found_hits, num_hit, shared_prefix_boundary(state, view))
+        return session, (found_hits, num_hit)
     if isinstance(c, AllocateSlots):
         view = session.request(c.request_id).view()
         hits: GroupBlocks | None = None
@@ -1253,6 +1625,8 @@ def step(session: Session | None, command: ManagerCommand) -> tuple[Session, obj
         return replace(session, manager=state), events
     if isinstance(c, Usage):
         return session, usage(state)
+    if isinstance(c, NewStep):
+        return replace(session, manager=new_step(state)), None
     if isinstance(c, P.POLICY_COMMANDS):
         pool, _ = P.step(state.pool, c)
         return replace(session, manager=replace(state, pool=pool)), None

@@ -107,6 +107,36 @@ class Profile(Enum):
         and no such gate."""
         return self in (Profile.V0_13, Profile.V0_33)
 
+    # vLLM 0.33's kv_cache_manager.py and kv_cache_coordinator.py (the manager model):
+
+    @property
+    def cascade_prefix_removed(self) -> bool:
+        """``get_num_common_prefix_blocks`` answers 0 for every group: cascade attention was
+        removed and the method kept for out-of-tree schedulers (0.33's kv_cache_manager.py)."""
+        return self is Profile.V0_33
+
+    @property
+    def reports_uncached_shared_prefix(self) -> bool:
+        """``get_computed_blocks`` also returns the shared-prefix boundary: where the longest
+        single-type hit ends when a later type cut the reconciled hit shorter, else 0 (0.33's
+        ``num_uncached_common_prefix_tokens``, kv_cache_coordinator.py)."""
+        return self is Profile.V0_33
+
+    @property
+    def caches_to_scheduler_block(self) -> bool:
+        """A hybrid model's ``cache_blocks`` first rounds the computed tokens down to the
+        scheduler block (0.33's ``get_num_cacheable_tokens``): a group of smaller blocks keys
+        only what a future hit, which is scheduler-block aligned, can use."""
+        return self is Profile.V0_33
+
+    @property
+    def mamba_align_mode(self) -> bool:
+        """A prefix-cached Mamba group runs in ``mamba_cache_mode="align"`` (0.33 refuses
+        prefix caching in any other mode): its table is null-padded, it gains one state
+        block per step, frees the state block two steps back, and refuses a hit on a key
+        cached in the same step until ``new_step_starts``."""
+        return self is Profile.V0_33
+
 
 # --- Events (vllm/distributed/kv_events.py). Hashes are external: the low 64 bits, as ints. ---
 

@@ -2,12 +2,16 @@
 
 The first two are bugs the coordinators above the single-type managers mask, so only the
 attention layer (conformance/attention_manager_machine.py), which calls the managers'
-public methods directly, kills them. The last one opens the pool's own prefix-cache map to
-edits from outside again; the hostile test of the read-only map kills it.
+public methods directly, kills them. The third opens the pool's own prefix-cache map to
+edits from outside again; the hostile test of the read-only map kills it. The last one is
+planted into vLLM 0.33's own SlidingWindowManager (in a Python with vLLM 0.33; elsewhere it
+plants nothing): the attention layer's 0.33 run, which the checker starts under
+.venv-vllm-0.33.0's Python with the mutant named in its environment, kills it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kvspec.impl import block_pool as bp, single_type_kv_cache_manager as stm
@@ -17,6 +21,7 @@ from tests.mutants import Mutant, replace
 
 ATTENTION = "tests/test_attention_manager_machine.py::TestImplAttentionManagersConformToSpec"
 READ_ONLY = "tests/hostile/test_pool_map_read_only.py"
+ATTENTION_033 = "tests/test_attention_manager_machine.py::test_attention_layer_on_vllm_033"
 
 
 def full_hit_cuts_only_the_first_group() -> None:
@@ -62,6 +67,26 @@ def pool_map_accepts_foreign_edits() -> None:
     replace(bp.BlockHashToBlockMap, "_refuse_for_pool", lambda self, operation: None)
 
 
+def vllm_033_window_skips_one_token_too_many() -> None:
+    """vLLM 0.33's SlidingWindowManager.get_num_skipped_tokens is off by one (n - w + 2):
+    remove_skipped_blocks frees the block that holds the window's first token while the
+    request still attends to it (sliding_window=4, block_size=2: after 4 computed tokens
+    block 0, holding token 1 of the next token's window 1-4, is freed)."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        import vllm
+        from vllm.v1.core import single_type_kv_cache_manager as vllm_stm
+    except ImportError:
+        return
+    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
+        return
+
+    def skipped(self: Any, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - int(self.sliding_window) + 2
+                   - int(self.extra_retained_tokens))
+    replace(vllm_stm.SlidingWindowManager, "get_num_skipped_tokens", skipped)
+
+
 MUTANTS: list[Mutant] = [
     Mutant("attention_full_hit_cuts_only_the_first_group",
            " ".join((full_hit_cuts_only_the_first_group.__doc__ or "").split()),
@@ -72,4 +97,7 @@ MUTANTS: list[Mutant] = [
     Mutant("pool_map_accepts_foreign_edits",
            " ".join((pool_map_accepts_foreign_edits.__doc__ or "").split()),
            pool_map_accepts_foreign_edits, (READ_ONLY,), "BlockOwnershipError"),
+    Mutant("attention_vllm_033_window_skips_one_token_too_many",
+           " ".join((vllm_033_window_skips_one_token_too_many.__doc__ or "").split()),
+           vllm_033_window_skips_one_token_too_many, (ATTENTION_033,), "_matches_spec"),
 ]
