@@ -829,6 +829,26 @@ class ManagerMachine(LockstepMachine[Session]):
         self._free(request_id)
         del self.tracked[request_id]
 
+    @precondition(lambda self: self.profile is pool_model.Profile.V0_33)
+    @rule(request_id=consumes(running))
+    def finish_in_flight(self, request_id: str) -> None:
+        """A running request finishes while a step that may still write its blocks is in
+        flight (vLLM 0.33's scheduler with ``defer_block_free``): its blocks are popped for
+        a deferred free; it is forgotten."""
+        self.finished_tokens.append(self._request(request_id).token_ids)
+        popped = self.lockstep(model.PopBlocksForFree(request_id))
+        assert model.released(self.state, request_id)
+        event("finish with a deferred free" + (" (no blocks)" if not popped else ""))
+        del self.tracked[request_id]
+
+    @precondition(lambda self: self.built and bool(self.state.deferred))
+    @rule()
+    def drain_deferred_frees(self) -> None:
+        """The in-flight step is done: the deferred blocks go back to the pool."""
+        if len(self.state.deferred) > 1:
+            event("drain: several deferred batches")
+        self.lockstep(model.DrainDeferredFrees())
+
     @precondition(lambda self: self.every(4, 3))
     @rule(request_id=consumes(waiting))
     def abort_waiting(self, request_id: str) -> None:

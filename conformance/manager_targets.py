@@ -129,6 +129,22 @@ def _get_computed_blocks_033(adapter: Any, c: model.GetComputedBlocks) -> Any:
     return result
 
 
+def _pop_blocks_for_free(adapter: Any, c: model.PopBlocksForFree) -> Any:
+    """The scheduler's deferred free (sched/scheduler.py ``_free_request_blocks``): the
+    popped blocks wait in the adapter's queue until the drain."""
+    popped = adapter.manager.pop_blocks_for_free(adapter.requests[c.request_id])
+    if popped:
+        adapter.deferred.append(popped)
+    return popped
+
+
+def _drain_deferred_frees(adapter: Any, c: model.DrainDeferredFrees) -> None:
+    """``_drain_deferred_frees``: every batch back to the pool, reversed, in pop order."""
+    for batch in adapter.deferred:
+        adapter.manager.block_pool.free_blocks(reversed(batch))
+    adapter.deferred.clear()
+
+
 def _allocate_slots_033(adapter: Any, c: model.AllocateSlots) -> Any:
     hits = hits_arg(adapter, c)
     return adapter.manager.allocate_slots(
@@ -166,6 +182,10 @@ class Vllm033Manager(Vllm013Manager):
 
     pool_path: str | None = None
 
+    def __init__(self, policy_path: str | None = None) -> None:
+        super().__init__(policy_path)
+        self.deferred: list[Any] = []  # batches popped for a deferred free, not yet drained
+
     def hashing(self) -> model.Hashing:
         # 0.33 tags its extra keys (LoRA name, salt) as kvspec does.
         return model.Hashing(hashing_model.KeyFormat.TAGGED, HASH_SEED)
@@ -174,6 +194,7 @@ class Vllm033Manager(Vllm013Manager):
         from kvspec.conformance import vllm_targets
 
         vllm_targets.register_033_managers()
+        self.deferred = []
         c = command.config
         arguments = dict(
             max_model_len=c.max_model_len, scheduler_block_size=c.alignment,
@@ -209,11 +230,18 @@ class Vllm033Manager(Vllm013Manager):
         model.AllocateSlots: Call(_allocate_slots_033, _allocate_slots_033_source,
                                   Reader(block_ids_or_none, "block_ids_or_none({})")),
         model.NewStep: method("new_step_starts", read=NOTHING),
+        model.PopBlocksForFree: Call(_pop_blocks_for_free, lambda a, c: (
+            f"deferred.append(manager.pop_blocks_for_free({variable_name(c.request_id)}))"),
+            Reader(ids, "ids({})")),
+        model.DrainDeferredFrees: Call(_drain_deferred_frees, lambda a, c: (
+            "[manager.block_pool.free_blocks(reversed(batch)) for batch in deferred] and "
+            "deferred.clear()"), NOTHING),
         model.NewManager: Call(ImplManager.calls[model.NewManager].run, _new_manager_033_source),
     }
 
     def imports(self) -> list[str]:
-        found = super().imports()
+        found = [*super().imports(), "",
+                 "deferred: list = []  # batches popped for a deferred free, not yet drained"]
         if self.pool_path is not None:  # the counterexample builds its managers over this pool
             found.append("# run under: mock.patch('vllm.v1.core.kv_cache_coordinator.BlockPool', "
                          f"partial({self.pool_path.replace(':', '.')}, vllm_api='0.33'))")

@@ -64,6 +64,7 @@ __all__ = [
     "BadAllocation",
     "BadConfig",
     "CacheBlocks",
+    "DrainDeferredFrees",
     "EvictBlocks",
     "Free",
     "GetBlockIds",
@@ -78,6 +79,7 @@ __all__ = [
     "ManagerState",
     "NewManager",
     "NewStep",
+    "PopBlocksForFree",
     "Request",
     "RequestView",
     "ResetPrefixCache",
@@ -90,19 +92,23 @@ __all__ = [
     "allocate_slots",
     "cache_blocks",
     "coarse_hashes",
+    "drain_deferred_frees",
     "find_longest_cache_hit",
     "free",
     "get_blocks",
     "get_computed_blocks",
     "get_num_common_prefix_blocks",
+    "group_hashes",
     "is_align_mamba",
     "mamba_holds_at_most_two_states",
     "new_manager",
     "new_step",
     "no_same_step_mamba_hit",
+    "pop_blocks_for_free",
     "refusal_frees_only_skipped_blocks",
     "reset_prefix_cache",
     "same_step_mamba_hit",
+    "shared_prefix_boundary",
     "step",
     "take_events",
     "usage",
@@ -233,6 +239,10 @@ class ManagerState:
     # default, sorted by id; and the keys Mamba groups cached since the last NewStep, sorted.
     mamba: tuple[MambaTable, ...] = ()
     cached_this_step: tuple[P.Key, ...] = ()
+    # vLLM 0.33's deferred frees: each batch of blocks `pop_blocks_for_free` handed to the
+    # scheduler, in pop order, that it has not returned to the pool yet (they keep their
+    # references until `drain_deferred_frees`).
+    deferred: tuple[tuple[BlockId, ...], ...] = ()
 
 
 def _lookup(pairs: Sequence[tuple[str, object]], key: str) -> object | None:
@@ -1036,13 +1046,46 @@ def free(state: ManagerState, request_id: str, strict: bool = False) -> ManagerS
         blocks = _table_get(table, request_id)
         if blocks:
             pool = P.free_blocks(pool, tuple(reversed(blocks)))
+    return replace(_forget(state, request_id), pool=pool)
+
+
+def _forget(state: ManagerState, request_id: str) -> ManagerState:
+    """The request's bookkeeping gone from every group (its blocks not released)."""
     return replace(
         state,
-        pool=pool,
         tables=tuple(_drop(t, request_id) for t in state.tables),  # type: ignore[misc]
         num_cached=tuple(_drop(c, request_id) for c in state.num_cached),  # type: ignore[misc]
         mamba=tuple(_drop(m, request_id) for m in state.mamba),  # type: ignore[misc]
     )
+
+
+def pop_blocks_for_free(state: ManagerState, request_id: str
+                        ) -> tuple[ManagerState, tuple[BlockId, ...]]:
+    """vLLM 0.33's deferred free, first half: the request's bookkeeping goes, and its blocks
+    (each group's list without its leading null blocks, the groups concatenated in order)
+    go to the caller, still referenced, to be released after the step that may write them
+    (kv_cache_coordinator.py:414-431, `trim_null_head` in kv_cache_utils.py:247-250; the
+    scheduler's ``_free_request_blocks``, sched/scheduler.py:3084-3093)."""
+    popped: list[BlockId] = []
+    for table in state.tables:
+        blocks = _table_get(table, request_id) or ()
+        first = next((i for i, b in enumerate(blocks) if b != NULL_BLOCK), len(blocks))
+        popped.extend(blocks[first:])
+    state = _forget(state, request_id)
+    if popped:  # the scheduler defers only a non-empty batch
+        state = replace(state, deferred=state.deferred + (tuple(popped),))
+    return state, tuple(popped)
+
+
+def drain_deferred_frees(state: ManagerState) -> ManagerState:
+    """The deferred free's second half, once the fences have passed: every batch, in pop
+    order, goes back to the pool reversed ("so that the tail blocks are evicted first",
+    sched/scheduler.py:3109-3119). Across groups this order differs from `free`'s
+    (docs/findings.md B14): the last group's tail is released first."""
+    pool = state.pool
+    for batch in state.deferred:
+        pool = P.free_blocks(pool, tuple(reversed(batch)))
+    return replace(state, pool=pool, deferred=())
 
 
 def new_step(state: ManagerState) -> ManagerState:
@@ -1096,7 +1139,7 @@ def take_events(state: ManagerState) -> tuple[ManagerState, tuple[P.Event, ...]]
 
 def ref_counts_are_references(state: ManagerState) -> bool:
     """Every non-null block's ref count is the number of request lists (and sink
-    reservations, and pins) holding it."""
+    reservations, pins, and batches popped for a deferred free) holding it."""
     counts = [0] * state.config.num_blocks
     for block in state.pool.pinned:
         counts[block] += 1
@@ -1106,6 +1149,9 @@ def ref_counts_are_references(state: ManagerState) -> bool:
                 counts[block] += 1
     for sinks in state.sink_blocks:
         for block in sinks:
+            counts[block] += 1
+    for batch in state.deferred:
+        for block in batch:
             counts[block] += 1
     return all(state.pool.ref[b] == counts[b] for b in range(1, state.config.num_blocks))
 
@@ -1517,6 +1563,19 @@ class NewStep:
 
 
 @dataclass(frozen=True)
+class PopBlocksForFree:
+    """Finish a request whose blocks an in-flight step may still write (vLLM 0.33's
+    ``KVCacheManager.pop_blocks_for_free``): its blocks go to the scheduler, deferred."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class DrainDeferredFrees:
+    """The fences have passed: the scheduler returns every deferred batch to the pool."""
+
+
+@dataclass(frozen=True)
 class Usage:
     pass
 
@@ -1525,7 +1584,8 @@ class Usage:
 # the manager's too: the manager passes them to its pool.
 ManagerCommand = (NewManager | AddRequest | AppendTokens | SetComputedTokens | GetComputedBlocks
                   | AllocateSlots | Free | CacheBlocks | EvictBlocks | GetNumCommonPrefixBlocks
-                  | GetBlockIds | ResetPrefixCache | TakeEvents | Usage | NewStep | P.SetRetention
+                  | GetBlockIds | ResetPrefixCache | TakeEvents | Usage | NewStep
+                  | PopBlocksForFree | DrainDeferredFrees | P.SetRetention
                   | P.AdvanceClock | P.PinBlocks | P.UnpinBlocks)
 
 Requests = tuple[tuple[str, Request], ...]  # sorted by id
@@ -1627,6 +1687,11 @@ def step(session: Session | None, command: ManagerCommand) -> tuple[Session, obj
         return session, usage(state)
     if isinstance(c, NewStep):
         return replace(session, manager=new_step(state)), None
+    if isinstance(c, PopBlocksForFree):
+        state, popped = pop_blocks_for_free(state, c.request_id)
+        return replace(session, manager=state), popped
+    if isinstance(c, DrainDeferredFrees):
+        return replace(session, manager=drain_deferred_frees(state)), None
     if isinstance(c, P.POLICY_COMMANDS):
         pool, _ = P.step(state.pool, c)
         return replace(session, manager=replace(state, pool=pool)), None
