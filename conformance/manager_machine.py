@@ -626,15 +626,12 @@ class ManagerMachine(LockstepMachine[Session]):
         encoder = self._encoder_tokens(tracked)
         before = self.state
         hits = self.spec.last_lookup(request_id) if with_hits else None
-        new = self.lockstep(model.AllocateSlots(request_id, num_new_tokens, num_new_computed,
-                                                with_hits, lookahead, delay, encoder))
         if hits is not None and model.same_step_mamba_hit(before, hits):
             event("allocate_slots: Mamba hit on a key cached this step")
-            # Rule no_same_step_mamba_hit (`spec.manager`), on the target's output: the
-            # allocation waits for the next step (the hit's state is written this step).
-            assert model.no_same_step_mamba_hit(before, hits, new), (
-                f"rule no_same_step_mamba_hit violated by the target: allocate_slots for "
-                f"{request_id!r} took a Mamba hit on a key cached this step: {new}")
+            self.same_step_hit = (before, hits)  # judged on the target's output (`judge`)
+        new = self.lockstep(model.AllocateSlots(request_id, num_new_tokens, num_new_computed,
+                                                with_hits, lookahead, delay, encoder))
+        self.same_step_hit = None
         note(f"allocate_slots({request_id}, new={num_new_tokens}, hit={num_new_computed}, "
              f"lookahead={lookahead}, delay={delay}, encoder={encoder}) -> {new}")
         assert not isinstance(new, Refused), f"allocate_slots refused by the spec: {new}"
@@ -671,6 +668,19 @@ class ManagerMachine(LockstepMachine[Session]):
             f"target {after.manager.pool.free}, spec {self.state.pool.free}")
         if after.manager.tables != before.tables:
             event("allocate_slots: None, out-of-window blocks freed")
+
+    same_step_hit: tuple[model.ManagerState, model.GroupBlocks] | None = None
+
+    def judge(self, command: Any, output: Any) -> None:
+        """Rule no_same_step_mamba_hit (`spec.manager`), on the target's own output before
+        it is compared with the spec's, so that it is reported by name: an allocation with
+        a Mamba hit on a key cached this step waits for the next step (the hit's state is
+        written by this step)."""
+        if isinstance(command, model.AllocateSlots) and self.same_step_hit is not None:
+            before, hits = self.same_step_hit
+            assert model.no_same_step_mamba_hit(before, hits, output), (
+                f"rule no_same_step_mamba_hit violated by the target: allocate_slots for "
+                f"{command.request_id!r} took a Mamba hit on a key cached this step: {output}")
 
     # -- set-up --------------------------------------------------------------------------
 

@@ -105,6 +105,70 @@ if _running_vllm_033():
         assert isinstance(spec_lookup, tuple) and spec_lookup[1:] == (6, 8)
         assert isinstance(vllm_lookup, tuple) and vllm_lookup[1:] == (6, 8)
 
+    def _lockstep(adapter: Vllm033Manager, commands: list[object]) -> model.Session:
+        """Run commands on the spec and on the adapter, their outputs and views compared
+        after every one; the spec's session at the end."""
+        session = None
+        for command in commands:
+            session, expected = model.step(session, command)  # type: ignore[arg-type]
+            actual = adapter.perform(command)
+            assert actual == expected, f"{command}: vLLM {actual!r}, spec {expected!r}"
+            assert session is not None
+            assert adapter.view() == manager_machine.view_of(session), (
+                f"after {command}: vLLM {adapter.view()}, spec "
+                f"{manager_machine.view_of(session)}")
+        assert session is not None
+        return session
+
+    def test_full_attention_keys_the_prompt_tail_once_the_scheduler_block_is_cached() -> None:
+        """full(bs4)+sliding(bs2), hash blocks of 2, events on: a 7-token prompt's last hash
+        boundary (6) falls inside full attention's block 1; once decoding fills that block
+        (8 tokens, a whole scheduler block), it is keyed in full and at 6 tokens (the
+        partial entry), and a BlockStored reports both."""
+        adapter = Vllm033Manager()
+        config = ManagerConfig((GroupSpec(Kind.FULL, 4),
+                                GroupSpec(Kind.SLIDING_WINDOW, 2, sliding_window=4)),
+                               num_blocks=16, max_model_len=64, hash_block_size=2,
+                               enable_events=True, profile=Profile.V0_33)
+        layout = "full(bs4)+sliding(bs2)"
+        assert layout in {entry.name for entry in LAYOUTS}
+        prompt = tuple(range(100, 107))
+        _lockstep(adapter, [
+            model.NewManager(config, adapter.hashing(), layout), model.AddRequest("a", prompt),
+            model.GetComputedBlocks("a"), model.AllocateSlots("a", 7, 0, True),
+            model.SetComputedTokens("a", 7), model.AppendTokens("a", (200,)),
+            model.AllocateSlots("a", 1), model.SetComputedTokens("a", 8), model.TakeEvents(),
+        ])
+
+    def test_a_mamba_hit_cached_this_step_waits_for_the_next_step() -> None:
+        """full+sliding+mamba (align mode): request a computes 4 tokens of a 7-token prompt,
+        keying its Mamba state at 4 this step; b, with the same prompt, hits those 4 tokens.
+        Rule no_same_step_mamba_hit: allocate_slots with that hit returns None until
+        new_step_starts, then takes it."""
+        from dataclasses import replace
+
+        adapter = Vllm033Manager()
+        layout = next(entry for entry in LAYOUTS if entry.name == "full+sliding+mamba")
+        config = replace(manager_machine.spec_config(
+            layout, manager_machine.kv_cache_config(layout.name, 25), True, False),
+            profile=Profile.V0_33)
+        prompt = tuple(range(100, 107))
+        session = _lockstep(adapter, [
+            model.NewManager(config, adapter.hashing(), layout.name),
+            model.AddRequest("a", prompt), model.GetComputedBlocks("a"),
+            model.AllocateSlots("a", 4, 0, True), model.SetComputedTokens("a", 4),
+            model.AddRequest("b", prompt), model.GetComputedBlocks("b"),
+        ])
+        hits = session.last_lookup("b")
+        assert hits is not None and model.same_step_mamba_hit(session.manager, hits)
+        taken = adapter.perform(model.AllocateSlots("b", 3, 4, True))
+        assert taken is None or isinstance(taken, tuple), taken
+        assert model.no_same_step_mamba_hit(session.manager, hits, taken), (
+            f"rule no_same_step_mamba_hit violated by vLLM: b took a Mamba hit on a key "
+            f"cached this step: {taken}")
+        adapter.perform(model.NewStep())
+        assert adapter.perform(model.AllocateSlots("b", 3, 4, True)) is not None
+
 else:
 
     @pytest.mark.skipif(not VENV_PYTHON.exists(),
