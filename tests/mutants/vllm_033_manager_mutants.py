@@ -209,6 +209,32 @@ def deferred_free_keeps_group_order(kvm: Any, coord: Any, stm: Any) -> None:
     replace(coord.KVCacheCoordinator, "pop_blocks_for_free", pop_blocks_for_free)
 
 
+@_planted
+def mamba_table_drops_its_padding(kvm: Any, coord: Any, stm: Any) -> None:
+    """Align-mode Mamba keeps only its real blocks in the request's list (the null padding
+    dropped to save memory): the recorded state index points past the list, and the
+    worker's block table loses the positions of the states."""
+    original = stm.MambaManager.allocate_new_blocks
+
+    def allocate_new_blocks(self: Any, request_id: str, num_tokens: int,
+                            num_tokens_main_model: int) -> Any:
+        blocks = original(self, request_id, num_tokens, num_tokens_main_model)
+        if self.mamba_cache_mode == "align":
+            table = self.req_to_blocks[request_id]
+            table[:] = [b for b in table if not b.is_null]
+        return blocks
+    replace(stm.MambaManager, "allocate_new_blocks", allocate_new_blocks)
+
+
+@_planted
+def cascade_prefix_counted_again(kvm: Any, coord: Any, stm: Any) -> None:
+    """get_num_common_prefix_blocks counts a request's blocks again (an out-of-tree
+    scheduler then turns cascade attention on, which 0.33 no longer has)."""
+    def get_num_common_prefix_blocks(self: Any, running_request_id: str) -> list[int]:
+        return [len(ids) for ids in self.get_block_ids(running_request_id)]
+    replace(kvm.KVCacheManager, "get_num_common_prefix_blocks", get_num_common_prefix_blocks)
+
+
 def _mutant(name: str, plant: Callable[[], None], killed_by: str) -> Mutant:
     description = "0.33: " + " ".join((plant.__doc__ or "").split())
     return Mutant(name, description, plant, MACHINE, killed_by=killed_by)
@@ -231,6 +257,10 @@ MUTANTS: list[Mutant] = [
             "mamba_holds_at_most_two_states"),
     _mutant("v033_mamba_padding_takes_extra_block", mamba_padding_takes_extra_block,
             "AllocateSlots"),
+    _mutant("v033_mamba_table_drops_its_padding", mamba_table_drops_its_padding,
+            "mamba_state_is_known"),
+    _mutant("v033_cascade_prefix_counted_again", cascade_prefix_counted_again,
+            "GetNumCommonPrefixBlocks"),
     _mutant("v033_deferred_free_keeps_group_order", deferred_free_keeps_group_order,
             "PopBlocksForFree"),
 ]
