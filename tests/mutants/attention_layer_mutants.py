@@ -87,6 +87,28 @@ def vllm_033_window_skips_one_token_too_many() -> None:
     replace(vllm_stm.SlidingWindowManager, "get_num_skipped_tokens", skipped)
 
 
+def vllm_033_hit_length_counts_the_eagle_block() -> None:
+    """vLLM 0.33's FullAttentionManager.find_longest_cache_hit reports the hit length from
+    before EAGLE's dropped block (or any trim): its blocks and its length disagree."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        import vllm
+        from vllm.v1.core import single_type_kv_cache_manager as vllm_stm
+    except ImportError:
+        return
+    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
+        return
+    original = vllm_stm.FullAttentionManager.find_longest_cache_hit.__func__
+
+    def find_longest_cache_hit(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks, hit_length = original(cls, *args, **kwargs)
+        if blocks and blocks[0]:
+            hit_length += kwargs.get("alignment_tokens", 0)
+        return blocks, hit_length
+    replace(vllm_stm.FullAttentionManager, "find_longest_cache_hit",
+            classmethod(find_longest_cache_hit))
+
+
 MUTANTS: list[Mutant] = [
     Mutant("attention_full_hit_cuts_only_the_first_group",
            " ".join((full_hit_cuts_only_the_first_group.__doc__ or "").split()),
@@ -100,4 +122,8 @@ MUTANTS: list[Mutant] = [
     Mutant("attention_vllm_033_window_skips_one_token_too_many",
            " ".join((vllm_033_window_skips_one_token_too_many.__doc__ or "").split()),
            vllm_033_window_skips_one_token_too_many, (ATTENTION_033,), "_matches_spec"),
+    Mutant("attention_vllm_033_hit_length_counts_the_eagle_block",
+           " ".join((vllm_033_hit_length_counts_the_eagle_block.__doc__ or "").split()),
+           vllm_033_hit_length_counts_the_eagle_block, (ATTENTION_033,),
+           "hit_length_matches_blocks"),
 ]

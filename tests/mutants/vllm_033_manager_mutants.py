@@ -235,6 +235,25 @@ def cascade_prefix_counted_again(kvm: Any, coord: Any, stm: Any) -> None:
     replace(kvm.KVCacheManager, "get_num_common_prefix_blocks", get_num_common_prefix_blocks)
 
 
+def coarse_hashes_concatenated() -> None:
+    """A block of several hash blocks is keyed with the concatenation of their hashes
+    (0.13's BlockHashListWithBlockSize) instead of the hash at its end: its key is not the
+    one a partial entry or a finer group computes for the same prefix."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        import vllm
+        from vllm.v1.core import kv_cache_utils
+    except ImportError:
+        return
+    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
+        return
+
+    def get_value_at(self: Any, idx: int) -> bytes:
+        scale = self.scale_factor
+        return b"".join(self.block_hashes[idx * scale:(idx + 1) * scale])
+    replace(kv_cache_utils.BlockHashListWithBlockSize, "_get_value_at", get_value_at)
+
+
 def _mutant(name: str, plant: Callable[[], None], killed_by: str) -> Mutant:
     description = "0.33: " + " ".join((plant.__doc__ or "").split())
     return Mutant(name, description, plant, MACHINE, killed_by=killed_by)
@@ -261,6 +280,8 @@ MUTANTS: list[Mutant] = [
             "mamba_state_is_known"),
     _mutant("v033_cascade_prefix_counted_again", cascade_prefix_counted_again,
             "GetNumCommonPrefixBlocks"),
+    _mutant("v033_coarse_hashes_concatenated", coarse_hashes_concatenated,
+            "request_blocks_match_hashes"),
     _mutant("v033_deferred_free_keeps_group_order", deferred_free_keeps_group_order,
             "PopBlocksForFree"),
 ]
