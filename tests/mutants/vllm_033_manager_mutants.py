@@ -213,7 +213,8 @@ def deferred_free_keeps_group_order(kvm: Any, coord: Any, stm: Any) -> None:
 def mamba_table_drops_its_padding(kvm: Any, coord: Any, stm: Any) -> None:
     """Align-mode Mamba keeps only its real blocks in the request's list (the null padding
     dropped to save memory): the recorded state index points past the list, and the
-    worker's block table loses the positions of the states."""
+    worker's block table loses the positions of the states. (vLLM then fails with an
+    IndexError in a later allocate_slots, which the lockstep comparison reports.)"""
     original = stm.MambaManager.allocate_new_blocks
 
     def allocate_new_blocks(self: Any, request_id: str, num_tokens: int,
@@ -277,7 +278,7 @@ MUTANTS: list[Mutant] = [
     _mutant("v033_mamba_padding_takes_extra_block", mamba_padding_takes_extra_block,
             "AllocateSlots"),
     _mutant("v033_mamba_table_drops_its_padding", mamba_table_drops_its_padding,
-            "mamba_state_is_known"),
+            "AllocateSlots"),
     _mutant("v033_cascade_prefix_counted_again", cascade_prefix_counted_again,
             "GetNumCommonPrefixBlocks"),
     _mutant("v033_coarse_hashes_concatenated", coarse_hashes_concatenated,
