@@ -8,28 +8,17 @@ file runs them again there (the environment passed on, so a planted mutant goes 
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvspec.conformance import attention_manager_machine as machine
+from tests.vllm_033 import rerun_under_vllm_033, running_vllm_033
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VLLM_013 = REPO_ROOT / ".venv-vllm-0.13.0" / "bin" / "python"
-VLLM_033 = REPO_ROOT / ".venv-vllm-0.33.0" / "bin" / "python"
-
-
-def _running_vllm_033() -> bool:
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import vllm
-    except ImportError:
-        return False
-    return str(getattr(vllm, "__version__", "")).startswith("0.33")
 
 
 TestImplAttentionManagersConformToSpec = machine.machine_for(machine.adapter_for("impl")).TestCase
@@ -69,7 +58,7 @@ def test_attention_layer_on_vllm_013() -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
-if _running_vllm_033():
+if running_vllm_033():
     from hypothesis import settings
 
     from kvspec.spec import manager as model, pool as P
@@ -193,16 +182,4 @@ else:
 
     def test_attention_layer_on_vllm_033() -> None:
         """The vLLM 0.33 tests of this file, run by .venv-vllm-0.33.0's Python."""
-        if not VLLM_033.exists():
-            pytest.skip("no .venv-vllm-0.33.0 (make vllm-env VLLM=0.33.0 builds it)")
-        env = dict(os.environ, KVSPEC_PURE_PYTHON="1", VLLM_TARGET_DEVICE="cpu")
-        done = subprocess.run(
-            [str(VLLM_033), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-             "-k", "vllm_033 or Vllm033", str(Path(__file__).relative_to(REPO_ROOT))],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200,
-            check=False)
-        said = [line for line in done.stdout.splitlines() if line.startswith("E ")]
-        output = "\n".join(said[:20]) + "\n" + done.stdout[-4000:] + done.stderr[-2000:]
-        assert done.returncode == 0, output
-        assert "skipped" not in done.stdout.splitlines()[-1], output
-        print(output, file=sys.stderr)
+        rerun_under_vllm_033(__file__, "-k", "vllm_033 or Vllm033")

@@ -17,27 +17,9 @@ it is skipped where that environment has not been built (`make vllm-env VLLM=0.3
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+from tests.vllm_033 import rerun_under_vllm_033, running_vllm_033
 
-import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PYTHON = ROOT / ".venv-vllm-0.33.0" / "bin" / "python"
-
-
-def _running_vllm_033() -> bool:
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import vllm
-    except ImportError:
-        return False
-    return str(getattr(vllm, "__version__", "")).startswith("0.33")
-
-
-if _running_vllm_033():
+if running_vllm_033():
     from kvspec.conformance import manager_machine, vllm_targets
     from kvspec.conformance.manager_targets import Vllm033Manager, kvspec_pool_under_033
     from kvspec.spec import manager as model
@@ -171,17 +153,6 @@ if _running_vllm_033():
 
 else:
 
-    @pytest.mark.skipif(not VENV_PYTHON.exists(),
-                        reason="no .venv-vllm-0.33.0 (make vllm-env VLLM=0.33.0)")
     def test_vllm_033_manager_machines_under_its_python() -> None:
         """The classes above, run by .venv-vllm-0.33.0's Python."""
-        env = dict(os.environ, KVSPEC_PURE_PYTHON="1", VLLM_TARGET_DEVICE="cpu")
-        done = subprocess.run(
-            [str(VENV_PYTHON), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-             str(Path(__file__).relative_to(ROOT))],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
-        said = [line for line in done.stdout.splitlines() if line.startswith("E ")]
-        output = "\n".join(said[:20]) + "\n" + done.stdout[-4000:] + done.stderr[-2000:]
-        assert done.returncode == 0, output
-        assert "skipped" not in done.stdout.splitlines()[-1], output
-        print(output, file=sys.stderr)
+        rerun_under_vllm_033(__file__)

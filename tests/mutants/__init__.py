@@ -32,6 +32,24 @@ def replace(owner: Any, name: str, replacement: Any) -> None:
     setattr(owner, name, replacement)
 
 
+def vllm_033_modules(*names: str) -> tuple[Any, ...] | None:
+    """vLLM 0.33's modules ``vllm.<name>`` (``"v1.core.block_pool"``, ...), or None where
+    this Python has no vLLM 0.33: a mutant planted into vLLM 0.33 plants nothing there (its
+    checker reruns itself under .venv-vllm-0.33.0, which plants it)."""
+    import os
+
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        import vllm
+
+        modules = tuple(importlib.import_module(f"vllm.{name}") for name in names)
+    except ImportError:
+        return None
+    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
+        return None
+    return modules
+
+
 def catalogue() -> list[Mutant]:
     """Every mutant of every ``*_mutants`` module in this package, in module order."""
     found: list[Mutant] = []

@@ -11,13 +11,12 @@ plants nothing): the attention layer's 0.33 run, which the checker starts under
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from kvspec.impl import block_pool as bp, single_type_kv_cache_manager as stm
 from kvspec.impl.kv_cache_interface import as_kv_cache_spec
 from kvspec.impl.kv_cache_utils import KVCacheBlock
-from tests.mutants import Mutant, replace
+from tests.mutants import Mutant, replace, vllm_033_modules
 
 ATTENTION = "tests/test_attention_manager_machine.py::TestImplAttentionManagersConformToSpec"
 READ_ONLY = "tests/hostile/test_pool_map_read_only.py"
@@ -72,14 +71,10 @@ def vllm_033_window_skips_one_token_too_many() -> None:
     remove_skipped_blocks frees the block that holds the window's first token while the
     request still attends to it (sliding_window=4, block_size=2: after 4 computed tokens
     block 0, holding token 1 of the next token's window 1-4, is freed)."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import vllm
-        from vllm.v1.core import single_type_kv_cache_manager as vllm_stm
-    except ImportError:
+    modules = vllm_033_modules("v1.core.single_type_kv_cache_manager")
+    if modules is None:
         return
-    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
-        return
+    (vllm_stm,) = modules
 
     def skipped(self: Any, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - int(self.sliding_window) + 2
@@ -90,14 +85,10 @@ def vllm_033_window_skips_one_token_too_many() -> None:
 def vllm_033_hit_length_counts_the_eagle_block() -> None:
     """vLLM 0.33's FullAttentionManager.find_longest_cache_hit reports the hit length from
     before EAGLE's dropped block (or any trim): its blocks and its length disagree."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import vllm
-        from vllm.v1.core import single_type_kv_cache_manager as vllm_stm
-    except ImportError:
+    modules = vllm_033_modules("v1.core.single_type_kv_cache_manager")
+    if modules is None:
         return
-    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
-        return
+    (vllm_stm,) = modules
     original = vllm_stm.FullAttentionManager.find_longest_cache_hit.__func__
 
     def find_longest_cache_hit(cls: Any, *args: Any, **kwargs: Any) -> Any:

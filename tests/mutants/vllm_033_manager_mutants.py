@@ -20,36 +20,18 @@ spec's (``ManagerMachine.judge``), so a target that breaks it is reported by the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
-from tests.mutants import Mutant, replace
+from tests.mutants import Mutant, replace, vllm_033_modules
 
 MACHINE = ("tests/test_manager033_machine.py",)
 
 
-def _vllm_033() -> Any:
-    """vLLM 0.33's kv_cache_manager, kv_cache_coordinator and single_type_kv_cache_manager
-    modules, or None where this Python has no vLLM 0.33."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import vllm
-        from vllm.v1.core import (
-            kv_cache_coordinator,
-            kv_cache_manager,
-            single_type_kv_cache_manager,
-        )
-    except ImportError:
-        return None
-    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
-        return None
-    return kv_cache_manager, kv_cache_coordinator, single_type_kv_cache_manager
-
-
 def _planted(plant: Callable[[Any, Any, Any], None]) -> Callable[[], None]:
     def run() -> None:
-        modules = _vllm_033()
+        modules = vllm_033_modules("v1.core.kv_cache_manager", "v1.core.kv_cache_coordinator",
+                                   "v1.core.single_type_kv_cache_manager")
         if modules is not None:
             plant(*modules)
     run.__name__ = plant.__name__
@@ -240,14 +222,10 @@ def coarse_hashes_concatenated() -> None:
     """A block of several hash blocks is keyed with the concatenation of their hashes
     (0.13's BlockHashListWithBlockSize) instead of the hash at its end: its key is not the
     one a partial entry or a finer group computes for the same prefix."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import vllm
-        from vllm.v1.core import kv_cache_utils
-    except ImportError:
+    modules = vllm_033_modules("v1.core.kv_cache_utils")
+    if modules is None:
         return
-    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
-        return
+    (kv_cache_utils,) = modules
 
     def get_value_at(self: Any, idx: int) -> bytes:
         scale = self.scale_factor

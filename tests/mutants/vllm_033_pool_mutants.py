@@ -11,32 +11,17 @@ skipped where it has not been built, and the mutant survives).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tests.mutants import Mutant, replace
+from tests.mutants import Mutant, replace, vllm_033_modules
 
 MACHINE = ("tests/test_audit_vllm_033.py",)
 
 
-def _vllm_033() -> Any:
-    """vLLM 0.33's block_pool and kv_cache_utils modules, or None where this Python has no
-    vLLM 0.33."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import vllm
-        from vllm.v1.core import block_pool, kv_cache_utils
-    except ImportError:
-        return None
-    if not str(getattr(vllm, "__version__", "")).startswith("0.33"):
-        return None
-    return block_pool, kv_cache_utils
-
-
 def _planted(plant: Callable[[Any, Any], None]) -> Callable[[], None]:
     def run() -> None:
-        modules = _vllm_033()
+        modules = vllm_033_modules("v1.core.block_pool", "v1.core.kv_cache_utils")
         if modules is not None:
             plant(*modules)
     run.__name__ = plant.__name__
