@@ -14,6 +14,7 @@ Whatever cannot be set up raises `TargetError` with a message that says what to 
 from __future__ import annotations
 
 import importlib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -360,8 +361,6 @@ def vllm_033_layouts(layouts: Sequence[Any]) -> tuple[list[Any], list[str]]:
                             "layer yet)")
             continue
         try:
-            import math
-
             KVCacheManager(vllm_033_kv_cache_config(config, layout.caching),
                            max_model_len=layout.max_model_len,
                            scheduler_block_size=math.lcm(*(
