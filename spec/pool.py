@@ -137,6 +137,35 @@ class Profile(Enum):
         cached in the same step until ``new_step_starts``."""
         return self is Profile.V0_33
 
+    # The offload tier (`spec.offload`): vLLM 0.13's vllm/v1/kv_offload/{lru,arc}_manager.py
+    # against 0.33's cpu/manager.py and cpu/policies/{lru,arc}.py.
+
+    @property
+    def offload_recency_from_requests(self) -> bool:
+        """The offload manager learns recency per request (0.33): loads and stores record
+        the keys a request saw, and ``on_request_finished`` commits them (the LRU moves them
+        to the most recent end; ARC promotes the keys the request reused to T2). 0.13 has
+        no request context: only ``touch`` and insertion order move keys."""
+        return self is Profile.V0_33
+
+    @property
+    def arc_adapts_on_store_miss(self) -> bool:
+        """ARC moves its target T1 size on a ghost key offered for storing, once per
+        request and key, before it evicts (0.33's ``on_store_miss``); 0.13 adapts on
+        ``touch`` only (both do on ``touch``)."""
+        return self is Profile.V0_33
+
+    @property
+    def failed_store_announced(self) -> bool:
+        """A failed store emits a metadata-only removal (0.33), filtered when taken to the
+        keys still absent; 0.13 drops the keys silently (they were never announced)."""
+        return self is Profile.V0_33
+
+    @property
+    def offload_has_reset(self) -> bool:
+        """``reset_cache`` clears the tier and starts a new generation (0.33 only)."""
+        return self is Profile.V0_33
+
 
 # --- Events (vllm/distributed/kv_events.py). Hashes are external: the low 64 bits, as ints. ---
 
