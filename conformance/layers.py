@@ -22,7 +22,8 @@ from kvspec.spec.pool import NewPool, Profile
 __all__ = ["LAYERS", "LAYER_NAMES", "Layer", "LayerMachine", "LayerUnavailable", "layers_for",
            "policy_layer"]
 
-LAYER_NAMES = ("free-queue", "hash-map", "pool", "manager", "attention", "block-table")
+LAYER_NAMES = ("free-queue", "hash-map", "pool", "manager", "attention", "block-table",
+               "offload")
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,23 @@ def _component_layer(module_name: str, target: str, profile: Profile, api: str) 
                         frozenset(getattr(module, "OUT_OF_CONTRACT", ())))
 
 
+def _build_offload(target: str, profile: Profile) -> LayerMachine:
+    """The offload tier's manager (conformance/offload_machine.py): impl's, or the installed
+    vLLM's (0.13's LRU and ARC managers, 0.33's CPUOffloadingManager with both policies)."""
+    from kvspec.conformance import offload_machine
+
+    make = offload_machine.adapter_for(target, profile)
+    adapter = make()
+    if isinstance(adapter, offload_machine.Api013Adapter):
+        shown = ", ".join(f"{c.__module__}:{c.__name__}" for c in adapter.classes.values())
+        api = "vLLM 0.13 OffloadingManager API (LRU and ARC)"
+    else:
+        shown = "vllm.v1.kv_offload.cpu.manager:CPUOffloadingManager"
+        api = "vLLM 0.33 OffloadingManager API (CPUOffloadingManager, LRU and ARC policies)"
+    return LayerMachine(offload_machine.machine_for(make, profile), shown, api,
+                        frozenset(offload_machine.OUT_OF_CONTRACT))
+
+
 LAYERS: dict[str, Layer] = {
     "free-queue": Layer("free-queue", "FreeKVCacheBlockQueue: the free order on its own",
                         "tests/test_free_queue_machine.py", partial(
@@ -228,6 +246,9 @@ LAYERS: dict[str, Layer] = {
                          "tests/test_block_table_machine.py", partial(
                              _component_layer, "block_table_machine",
                              api="vLLM BlockTable / MultiGroupBlockTable API")),
+    "offload": Layer("offload", "OffloadingManager: the CPU tier's stores, loads, pins, "
+                     "eviction (LRU, ARC) and events", "tests/test_offload_machine.py",
+                     _build_offload),
 }
 
 
@@ -237,7 +258,8 @@ def layers_for(layer: str, target: str) -> list[str]:
         return list(LAYER_NAMES)
     if layer == "auto":
         class_name = target.partition(":")[2]
-        return next(([name] for word, name in (("Manager", "manager"), ("Table", "block-table"),
+        return next(([name] for word, name in (("Offloading", "offload"), ("Manager", "manager"),
+                                                ("Table", "block-table"),
                                                 ("Queue", "free-queue"), ("Map", "hash-map"))
                      if word in class_name), ["pool"])
     if layer not in LAYERS:

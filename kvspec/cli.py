@@ -78,7 +78,7 @@ def add_audit_parser(subparsers: Any) -> None:
                         help=f"wall-clock time for the whole audit (default {DEFAULT_BUDGET:g})")
     parser.add_argument("--layer", default="auto",
                         choices=["auto", "free-queue", "hash-map", "pool", "manager",
-                                 "attention", "block-table", "all"],
+                                 "attention", "block-table", "offload", "all"],
                         help="which machines to run (default: every layer for impl/vllm, "
                         "the pool for a class)")
     parser.add_argument("--policy", choices=["lru", "lru-lifo-unhashed", "priority", "pinned"],
