@@ -3,6 +3,7 @@
     python -m benchmarks.run [--quick] [--vllm-python PATH] [--only pool,checker,...]
     python -m benchmarks.run --only soak       # opt-in: impl/ alone, minutes (bench_soak.py)
     python -m benchmarks.run --only scheduler033 --vllm-python .venv-vllm-0.33.0/bin/python
+    python -m benchmarks.run --only offload --quick  # opt-in: the offloading managers
 
 vLLM is timed in the same process as impl/ when it is importable; ``--vllm-python`` re-runs
 this module under that interpreter (for example ``.venv-vllm-0.13.0/bin/python``, built by
@@ -132,10 +133,13 @@ SECTIONS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {
     "scheduler033": lambda quick: _module_rows("bench_scheduler_033", quick),
     # Memory and speed over ~10M block operations on a 1M-block pool, impl/ alone.
     "soak": lambda quick: _module_rows("bench_soak", quick),
+    # The KV offloading managers (impl/kv_offload/) against vLLM 0.13's or 0.33's.
+    "offload": lambda quick: _module_rows("bench_offload", quick),
 }
-# Run only when --only names them: the soak takes minutes (benchmarks/bench_soak.py), and
-# scheduler033 needs a vLLM 0.33 interpreter (benchmarks/bench_scheduler_033.py).
-OPT_IN = frozenset({"soak", "scheduler033"})
+# Run only when --only names them: the soak takes minutes (benchmarks/bench_soak.py),
+# scheduler033 needs a vLLM 0.33 interpreter (benchmarks/bench_scheduler_033.py), and the
+# offloading managers' full run (1M keys) takes minutes (benchmarks/bench_offload.py).
+OPT_IN = frozenset({"soak", "scheduler033", "offload"})
 
 
 def _fmt(value: Any) -> str:
