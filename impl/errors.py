@@ -404,3 +404,33 @@ class InvalidStatsError(ValueError):
 
 class CpuGpuBufferError(ValueError):
     """A buffer that cannot be built, or a copy of more rows than it has."""
+
+
+# ---------------------------------------- the offload tier (impl/kv_offload)
+
+
+class OffloadingError(Exception):
+    """A call the manager refused; the manager is unchanged."""
+
+
+class UnknownOffloadKey(OffloadingError, KeyError):
+    """A key the manager does not hold (never stored, evicted, or its store failed)."""
+
+    def __str__(self) -> str:  # KeyError's str() is the repr of its argument
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateOffloadKey(OffloadingError, ValueError):
+    """A key listed twice in one call: its ref count would move twice for one block."""
+
+
+class StoreNotComplete(OffloadingError, ValueError):
+    """A load of a key whose store is still pending: there is nothing to read yet."""
+
+
+class NotPinned(OffloadingError, ValueError):
+    """``complete_load`` of a key no load holds (ref count 0, or a pending store)."""
+
+
+class StoreNotPending(OffloadingError, ValueError):
+    """``complete_store`` of a key whose store already completed (a double complete)."""

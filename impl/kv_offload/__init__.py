@@ -8,17 +8,19 @@
 
 from __future__ import annotations
 
-from kvspec.impl.kv_offload.abstract import (
+from kvspec.impl.errors import (
     DuplicateOffloadKey,
-    LoadStoreSpec,
     NotPinned,
     OffloadingError,
-    OffloadingEvent,
-    OffloadingManager,
-    PrepareStoreOutput,
     StoreNotComplete,
     StoreNotPending,
     UnknownOffloadKey,
+)
+from kvspec.impl.kv_offload.abstract import (
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    PrepareStoreOutput,
 )
 from kvspec.impl.kv_offload.arc_manager import ARCOffloadingManager
 from kvspec.impl.kv_offload.lru_manager import LRUOffloadingManager

@@ -18,37 +18,17 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+# The refusals live with every other typed error of impl/ (impl/errors.py); re-exported here.
+from kvspec.impl.errors import (
+    DuplicateOffloadKey,
+    NotPinned,
+    StoreNotComplete,
+    StoreNotPending,
+    UnknownOffloadKey,
+)
+
 # A block's key: vLLM passes its BlockHash (bytes); any hashable value works.
 OffloadKey = Hashable
-
-# ---------------------------------------- refusals
-
-
-class OffloadingError(Exception):
-    """A call the manager refused; the manager is unchanged."""
-
-
-class UnknownOffloadKey(OffloadingError, KeyError):
-    """A key the manager does not hold (never stored, evicted, or its store failed)."""
-
-    def __str__(self) -> str:  # KeyError's str() is the repr of its argument
-        return str(self.args[0]) if self.args else ""
-
-
-class DuplicateOffloadKey(OffloadingError, ValueError):
-    """A key listed twice in one call: its ref count would move twice for one block."""
-
-
-class StoreNotComplete(OffloadingError, ValueError):
-    """A load of a key whose store is still pending: there is nothing to read yet."""
-
-
-class NotPinned(OffloadingError, ValueError):
-    """``complete_load`` of a key no load holds (ref count 0, or a pending store)."""
-
-
-class StoreNotPending(OffloadingError, ValueError):
-    """``complete_store`` of a key whose store already completed (a double complete)."""
 
 
 # ---------------------------------------- the backend (duck-typed, as vLLM's Backend)
