@@ -273,6 +273,8 @@ def victims(state: OffloadState, n: int, protected: frozenset[Key]) -> tuple[Key
     from T1 while T1 is at least its target (``int`` of the float target), else from T2,
     else from T1 (vLLM #55461: 0.13 gave up instead). T1's size counts down as T1 gives.
 
+    pre: refs_well_formed(state) and lists_hold_the_resident_keys(state)
+    pre: n >= 0 and target_within_capacity(state)
     post: __return__ is None or len(__return__) == n
     """
     if state.policy == "lru":
@@ -351,7 +353,10 @@ def _commit_request(state: OffloadState, access: RequestAccess) -> OffloadState:
             elif key in state.t2:
                 state = replace(state, t2=_to_end(state.t2, key))
         elif key in access.reused and key in state.t1:
-            state = replace(state, t1=_without(state.t1, (key,)), t2=state.t2 + (key,))
+            # A key evicted and stored again since the request reused it is a new copy, not
+            # seen twice: it stays in T1, as ``touch`` keeps a pending key (vLLM 0.33
+            # promotes it, pending or not: docs/findings.md O10).
+            state = _touch_one(state, key)
         elif key in access.reused and key in state.t2:
             state = replace(state, t2=_to_end(state.t2, key))
     return state
@@ -402,6 +407,7 @@ def lookup(state: OffloadState, keys: tuple[Key, ...]) -> int:
 def prepare_load(state: OffloadState, req: Req, keys: tuple[Key, ...]) -> OffloadState:
     """Pin ready keys for a load: each key's ref count goes up by one. Recency does not move.
 
+    pre: refs_well_formed(state) and lists_hold_the_resident_keys(state)
     raises: OffloadError
     post: all(__return__.ref[k] == state.ref[k] + 1 for k in keys)
     """
@@ -420,6 +426,7 @@ def touch(state: OffloadState, keys: tuple[Key, ...]) -> OffloadState:
     """Mark keys used, last to first, so that the first key ends most recent. Unknown keys
     are ignored (ARC learns from its ghosts).
 
+    pre: refs_well_formed(state) and lists_hold_the_resident_keys(state)
     post: __return__.refs == state.refs
     """
     for key in reversed(keys):
@@ -430,6 +437,7 @@ def touch(state: OffloadState, keys: tuple[Key, ...]) -> OffloadState:
 def complete_load(state: OffloadState, keys: tuple[Key, ...]) -> OffloadState:
     """Unpin: each key's ref count goes down by one, never below zero.
 
+    pre: refs_well_formed(state) and lists_hold_the_resident_keys(state)
     raises: OffloadError
     post: all(__return__.ref[k] == state.ref[k] - 1 for k in keys)
     """
@@ -450,6 +458,8 @@ def prepare_store(state: OffloadState, req: Req, keys: tuple[Key, ...]
     """Make room for the keys not yet held and hold them as pending, or return None and hold
     nothing new. Keys already held (pending or ready) are not stored again.
 
+    pre: refs_well_formed(state) and lists_hold_the_resident_keys(state)
+    pre: target_within_capacity(state)
     raises: OffloadError
     post: __return__[1] is None or set(__return__[1][1]).isdisjoint(keys)
     """
@@ -491,17 +501,22 @@ def prepare_store(state: OffloadState, req: Req, keys: tuple[Key, ...]
     return state, (to_store, gone)
 
 
+def _late(state: OffloadState, generation: int | None) -> bool:
+    """A completion of a transfer issued before the last reset."""
+    return generation is not None and generation < state.generation
+
+
 def complete_store(state: OffloadState, keys: tuple[Key, ...], success: bool,
                    generation: int | None = None) -> OffloadState:
     """A store's end: success makes its keys ready and announces them; a failure drops them
     (0.33 announces the drop as metadata only). A completion from an earlier generation
     (issued before a reset) changes nothing.
 
+    pre: refs_well_formed(state) and lists_hold_the_resident_keys(state)
     raises: OffloadError
-    post: generation is not None and generation < state.generation or all(
-        (__return__.ref.get(k) == 0) == success for k in keys)
+    post: _late(state, generation) or all((__return__.ref.get(k) == 0) == success for k in keys)
     """
-    if generation is not None and generation < state.generation:
+    if _late(state, generation):
         return state
     _check_unlisted(keys)
     _check_known(state, keys)
@@ -538,6 +553,7 @@ def reset(state: OffloadState) -> OffloadState:
     """0.33: drop every key, forget every request, start a new generation. The ready keys
     are announced removed (vLLM 0.33 announces nothing: docs/findings.md).
 
+    pre: refs_well_formed(state) and lists_hold_the_resident_keys(state)
     post: not __return__.refs and __return__.generation == state.generation + 1
     """
     ready = tuple(k for k in state.t1 + state.t2 if state.ref[k] >= 0)

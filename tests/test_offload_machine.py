@@ -23,6 +23,7 @@ from kvspec.spec.offload import (
     NewOffload,
     PrepareLoad,
     PrepareStore,
+    RequestFinished,
     Reset,
     TakeEvents,
     Touch,
@@ -161,6 +162,12 @@ FINDINGS_033: list[tuple[str, list[model.Command], str]] = [
     # O6 in 0.33.
     ("O6 refused load pins", [_033("lru"), *_stored(0), PrepareStore("r", (1,)),
                               PrepareLoad("r", (0, 1))], "AssertionError"),
+    # O10: ARC's on_request_finished promotes a reused key to T2 though it has since been
+    # evicted and is being stored again (pending): found by the explorer.
+    ("O10 arc promotes a pending key", [
+        NewOffload(1, "arc", Profile.V0_33), *_stored(0), PrepareStore("b", (0,)),
+        PrepareStore("r", (1,)), CompleteStore("r", (1,)), PrepareStore("r", (0,)),
+        RequestFinished("b")], "pending_keys_stay_in_t1"),
     # O9: a second completion of a store is accepted silently.
     ("O9 complete twice", [_033("lru"), *_stored(0), CompleteStore("r", (0,))],
      "target accepted it"),
