@@ -13,7 +13,8 @@ CROSSHAIR_TIMEOUT ?= 4
 # Modules whose PEP 316 contracts CrossHair checks in `make check`.
 CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.spec.pool_programs kvspec.spec.hashing \
 	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager kvspec.spec.event_consumer \
-	kvspec.spec.free_queue kvspec.spec.hash_map kvspec.spec.eviction kvspec.spec.events
+	kvspec.spec.free_queue kvspec.spec.hash_map kvspec.spec.eviction kvspec.spec.events \
+	kvspec.spec.offload kvspec.spec.offload_programs
 
 .PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests \
 	vllm-loop vllm-check clean
