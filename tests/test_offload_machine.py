@@ -199,9 +199,12 @@ def test_vllm_033_finding(name: str, program: list[object], said: str) -> None:
 def test_impl_conforms_where_vllm_does_not(name: str, program: list[object], said: str) -> None:
     """impl has vLLM 0.13's API only: the 0.33 programs run under the 0.13 profile without
     the reset (impl has none)."""
-    program = [NewOffload(2, program[0].policy, Profile.V0_13)]  # type: ignore[attr-defined]
-    program += [c for c in program[1:] if not isinstance(c, Reset)]
-    assert _run(program, "impl") is None
+    first = program[0]
+    assert isinstance(first, NewOffload)
+    under_013: list[model.Command] = [NewOffload(first.capacity, first.policy, Profile.V0_13)]
+    under_013 += [c for c in program[1:] if not isinstance(c, Reset)]
+    assert len(under_013) > 2
+    assert _run(under_013, "impl") is None
 
 
 def test_the_spec_keeps_a_refused_store_all_or_nothing() -> None:
