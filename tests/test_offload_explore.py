@@ -17,16 +17,17 @@ from kvspec.spec.pool import Profile
 
 ALL_KEYS = (0, 1, 2, 3)
 
-# (capacity, policy, profile, depth, keys, closed): every 0.13 scope here is explored to
-# closure (every reachable state); 0.33's per-request records make its space far larger
-# (a 1-key LRU tier over keys 0 and 1 closes at 47,848 states in about 2 minutes:
-# docs/audit.md), so it is explored to a depth bound.
+# (capacity, policy, profile, depth, keys, closed): the small 0.13 scopes and 0.33 over one
+# key are explored to closure (every reachable state); 0.33's per-request records make its
+# space far larger beyond that (a 1-key LRU tier over keys 0 and 1 closes at 47,848 states in
+# about 2 minutes: docs/audit.md), so the larger scopes are explored to a depth bound.
 SCOPES = [
     (1, "lru", Profile.V0_13, 64, ALL_KEYS, True),
     (1, "arc", Profile.V0_13, 64, (0, 1, 2), True),
     (2, "lru", Profile.V0_13, 64, (0, 1), True),
     (2, "arc", Profile.V0_13, 64, (0, 1), True),
     *((3, p, Profile.V0_13, 4, ALL_KEYS, False) for p in model.POLICIES),
+    *((1, p, Profile.V0_33, 64, (0,), True) for p in model.POLICIES),
     *((c, p, Profile.V0_33, 3 if c < 3 else 2, ALL_KEYS, False)
       for c in (1, 2, 3) for p in model.POLICIES),
 ]
