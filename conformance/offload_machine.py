@@ -503,12 +503,19 @@ class OffloadMachine(ComponentMachine[OffloadState]):
     # -- the connector's calls -------------------------------------------------------------------
 
     @precondition(lambda self: self.built and len(self.chains) < 3)
-    @rule(conversation=st.integers(0, CONVERSATIONS - 1), length=st.integers(1, CHAIN))
+    @rule(conversation=st.integers(0, CONVERSATIONS), length=st.integers(1, CHAIN))
     def new_request(self, conversation: int, length: int) -> None:
+        """A turn of one of three conversations (a prefix of its chain), or a one-off
+        request whose keys no other request shares (so that evictions pile up ghosts)."""
         req = f"r{self.next_request}"
         self.next_request += 1
-        self.chains[req] = tuple(range(CHAIN * conversation, CHAIN * conversation + length))
+        first = CHAIN * (conversation if conversation < CONVERSATIONS
+                         else CONVERSATIONS + self.next_request)
+        self.chains[req] = tuple(range(first, first + length))
         self.stored_up_to[req] = 0
+        if self.spec.policy == "arc" and max(len(self.spec.b1), len(self.spec.b2)) == (
+                self.spec.capacity):
+            event("arc: a ghost list is full")
 
     def _requests(self) -> list[str]:
         return sorted(self.chains)

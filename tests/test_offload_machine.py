@@ -11,6 +11,7 @@ each finding is reproduced by its program (`FINDINGS_013`, `FINDINGS_033`).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import pytest
 
@@ -72,10 +73,13 @@ def test_vllm_033_offload_within_contract() -> None:
     rerun_under_vllm_033(__file__, "-k", "TestVllmOffloadWithinContract")
 
 
-def _run(program: list[object], target: str = "vllm") -> Discrepancy | AssertionError | None:
+def _run(program: Sequence[model.Command], target: str = "vllm"
+         ) -> Discrepancy | AssertionError | None:
     """Run a program in lock step on the spec and a target, as the machine checks each step
     (outputs, refusals, the store rules, the view, the invariants); the first disagreement."""
-    profile = program[0].profile  # type: ignore[attr-defined]
+    first = program[0]
+    assert isinstance(first, NewOffload)
+    profile = first.profile
     adapter = offload_machine.adapter_for(target, profile)()
     before: list[model.OffloadState | None] = [None]
 
@@ -181,7 +185,7 @@ def _show(error: BaseException | None) -> str:
 @needs_013
 @pytest.mark.parametrize(("name", "program", "said"), FINDINGS_013,
                          ids=[f[0] for f in FINDINGS_013])
-def test_vllm_013_finding(name: str, program: list[object], said: str) -> None:
+def test_vllm_013_finding(name: str, program: list[model.Command], said: str) -> None:
     error = _run(program)
     assert error is not None and said in _show(error), _show(error)
 
@@ -189,14 +193,15 @@ def test_vllm_013_finding(name: str, program: list[object], said: str) -> None:
 @needs_033
 @pytest.mark.parametrize(("name", "program", "said"), FINDINGS_033,
                          ids=[f[0] for f in FINDINGS_033])
-def test_vllm_033_finding(name: str, program: list[object], said: str) -> None:
+def test_vllm_033_finding(name: str, program: list[model.Command], said: str) -> None:
     error = _run(program)
     assert error is not None and said in _show(error), _show(error)
 
 
 @pytest.mark.parametrize(("name", "program", "said"), FINDINGS_013 + FINDINGS_033,
                          ids=[f[0] for f in FINDINGS_013 + FINDINGS_033])
-def test_impl_conforms_where_vllm_does_not(name: str, program: list[object], said: str) -> None:
+def test_impl_conforms_where_vllm_does_not(name: str, program: list[model.Command],
+                                           said: str) -> None:
     """impl has vLLM 0.13's API only: the 0.33 programs run under the 0.13 profile without
     the reset (impl has none)."""
     first = program[0]
