@@ -220,7 +220,9 @@ def _build_offload(target: str, profile: Profile) -> LayerMachine:
         shown = ", ".join(f"{c.__module__}:{c.__name__}" for c in adapter.classes.values())
         api = "vLLM 0.13 OffloadingManager API (LRU and ARC)"
     else:
-        shown = "vllm.v1.kv_offload.cpu.manager:CPUOffloadingManager"
+        manager = (adapter.manager_class if isinstance(adapter, offload_machine.Api033Adapter)
+                   else type(adapter))
+        shown = f"{manager.__module__}:{manager.__name__}"
         api = "vLLM 0.33 OffloadingManager API (CPUOffloadingManager, LRU and ARC policies)"
     return LayerMachine(offload_machine.machine_for(make, profile), shown, api,
                         frozenset(offload_machine.OUT_OF_CONTRACT))

@@ -25,7 +25,8 @@ target, and its pending events; every named invariant of `spec.offload` is check
 target's state, and each store is judged by `spec.offload.store_violations` (by name).
 
 `machine_for(make_adapter, profile)` builds the machine; `adapter_for(target, profile)`
-makes adapters for ``"impl"`` (kvspec.impl.kv_offload, vLLM 0.13's API) or ``"vllm"`` (the
+makes adapters for ``"impl"`` (kvspec.impl.kv_offload: vLLM 0.13's API, or 0.33's
+``CPUOffloadingManager`` under the vllm-0.33 profile) or ``"vllm"`` (the
 vLLM this interpreter imports: 0.13's LRU and ARC managers, or 0.33's CPUOffloadingManager
 with its LRU and ARC policies).
 """
@@ -313,8 +314,13 @@ class Api033Adapter(Adapter):
         m = self.manager
         if m is None:
             return None
-        policy = m._policy
         events = _events_033(m.events)
+        if hasattr(m, "t1_entries"):  # kvspec's CPUOffloadingManager (LRU: all in T1)
+            return OffloadView(tuple((_int_key(k), r) for k, r in m.t1_entries()),
+                               tuple((_int_key(k), r) for k, r in m.t2_entries()),
+                               tuple(map(_int_key, m.b1_keys())),
+                               tuple(map(_int_key, m.b2_keys())), m.target_t1_size, events)
+        policy = m._policy
         if self.policy == "lru":
             # Ranks are unique without key positions (the machine sets none): the rank order
             # is the recency order.
@@ -334,6 +340,9 @@ class Api033Adapter(Adapter):
         m = self.manager
         if m is None:
             return
+        if hasattr(m, "check_representation"):  # kvspec's: its own check
+            m.check_representation()
+            return
         refs = [c.ref_cnt for c in self._chunks()]
         if m._num_evictable_cache_chunks != refs.count(0):
             raise AssertionError(f"CPUOffloadingManager counts {m._num_evictable_cache_chunks} "
@@ -349,11 +358,18 @@ class Api033Adapter(Adapter):
         return [*policy.t1.values(), *policy.t2.values()]
 
     def imports(self) -> list[str]:
-        return ["import os", "", 'os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")', "",
-                "from vllm.v1.kv_offload.base import LookupResult, ReqContext, "
-                "make_offload_key",
-                "from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager",
-                "from kvspec.conformance.offload_machine import vllm_033_view as _view",
+        if self.base.__name__ == f"{IMPL_PACKAGE}.base":
+            head = [f"from {IMPL_PACKAGE}.base import LookupResult, ReqContext, "
+                    "make_offload_key",
+                    f"from {IMPL_PACKAGE}.cpu_manager import CPUOffloadingManager",
+                    "from kvspec.conformance.offload_machine import impl_033_view as _view"]
+        else:
+            head = ["import os", "", 'os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")', "",
+                    "from vllm.v1.kv_offload.base import LookupResult, ReqContext, "
+                    "make_offload_key",
+                    "from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager",
+                    "from kvspec.conformance.offload_machine import vllm_033_view as _view"]
+        return [*head,
                 "from kvspec.spec.offload import OffloadEvent, OffloadView",
                 "", "_contexts = {}", "", "",
                 "def key(k):", "    return make_offload_key(k.to_bytes(8, 'big'), 0)", "", "",
@@ -379,6 +395,13 @@ def vllm_033_view(manager: Any) -> OffloadView | None:
 
     policy = "lru" if hasattr(manager._policy, "chunks") else "arc"
     return Api033Adapter(type(manager), base, manager=manager, policy=policy).view()
+
+
+def impl_033_view(manager: Any) -> OffloadView | None:
+    """kvspec's 0.33-API manager's view (for written counterexamples)."""
+    base = importlib.import_module(f"{IMPL_PACKAGE}.base")
+    return Api033Adapter(type(manager), base, manager=manager,
+                         policy=manager.cache_policy).view()
 
 
 # --- Finding a target ----------------------------------------------------------------------------
@@ -429,12 +452,24 @@ def _vllm_adapter(profile: Profile) -> Callable[[], Adapter]:
     return lambda: Api033Adapter(manager, base)
 
 
+def _impl_033_adapter() -> Callable[[], Api033Adapter]:
+    try:
+        base = importlib.import_module(f"{IMPL_PACKAGE}.base")
+        manager = importlib.import_module(f"{IMPL_PACKAGE}.cpu_manager").CPUOffloadingManager
+    except (ImportError, AttributeError) as error:
+        raise LayerUnavailable(f"no 0.33-API offloading manager in impl ({error})") from error
+    return lambda: Api033Adapter(manager, base)
+
+
 def adapter_for(target: str, profile: Profile = Profile.V0_13) -> Callable[[], Adapter]:
-    """A factory of adapters for ``"impl"`` (vLLM 0.13's API only) or ``"vllm"``."""
+    """A factory of adapters for ``"impl"`` (vLLM 0.13's API: its LRU and ARC managers;
+    vLLM 0.33's: its ``CPUOffloadingManager``) or ``"vllm"``."""
     if target == "impl":
+        if profile is Profile.V0_33:
+            return _impl_033_adapter()
         if profile is not Profile.V0_13:
-            raise LayerUnavailable("impl's offloading managers have vLLM 0.13's API; "
-                                   "audit them with --profile vllm-0.13")
+            raise LayerUnavailable(f"impl has no offloading manager for --profile "
+                                   f"{profile.value}")
         return _impl_adapter()
     if target == "vllm":
         return _vllm_adapter(profile)

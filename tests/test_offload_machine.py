@@ -33,6 +33,8 @@ from kvspec.spec.pool import Profile
 
 TestImplOffloadConforms = offload_machine.machine_for(
     offload_machine.adapter_for("impl")).TestCase
+TestImplOffloadConforms033 = offload_machine.machine_for(
+    offload_machine.adapter_for("impl", Profile.V0_33), Profile.V0_33).TestCase
 
 
 def _vllm_release() -> Profile | None:
