@@ -70,6 +70,8 @@ def test_vllm_033_offload_within_contract() -> None:
     that a mutant planted into vLLM 0.33 (tests/mutants/) is checked from the catalogue."""
     if RELEASE is Profile.V0_33:
         return  # TestVllmOffloadWithinContract runs here
+    if RELEASE is not None:
+        pytest.skip("under another vLLM: CI runs this file under .venv-vllm-0.33.0 as well")
     from tests.vllm_033 import rerun_under_vllm_033
 
     rerun_under_vllm_033(__file__, "-k", "TestVllmOffloadWithinContract")
