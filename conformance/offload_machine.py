@@ -584,7 +584,7 @@ class OffloadMachine(ComponentMachine[OffloadState]):
         keys = chain[start:end]
         # Named situations, so that an audit that has reported one looks further: a store
         # offering keys the tier holds (vLLM #35846), one that must evict while some key is
-        # pinned or pending (vLLM #37874, #55461).
+        # pinned or pending (vLLM #37874, #55461), one that cannot find room at all (#37874).
         if any(k in self.spec.ref for k in keys) and not self.allows("store_offers_held_keys"):
             return
         need = sum(k not in self.spec.ref for k in keys) - (self.spec.capacity
@@ -592,6 +592,9 @@ class OffloadMachine(ComponentMachine[OffloadState]):
         if need > 0 and any(r != 0 for _, r in self.spec.refs) and not self.allows(
                 "store_evicts_past_busy_keys"):
             return
+        if need > len(model.evictable(self.spec, keys)) and not self.allows(
+                "store_larger_than_room"):
+            return  # refused for want of room: vLLM 0.13's ARC evicts some first
         output = self.run(PrepareStore(req, keys))
         self.stored_up_to[req] = max(self.stored_up_to[req], end)
         if output is None:
