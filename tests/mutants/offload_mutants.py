@@ -44,6 +44,7 @@ from tests.mutants import Mutant, replace, vllm_033_modules
 
 MACHINE = ("tests/test_offload_machine.py::TestImplOffloadConforms",)
 MACHINE_033 = ("tests/test_offload_machine.py::test_vllm_033_offload_within_contract",)
+IMPL_033 = ("tests/test_offload_machine.py::TestImplOffloadConforms033",)
 # Finding O4's program (#55461) run on impl in lock step with the spec, each store judged by
 # the store rules: the machine does not reach the case within the mutants profile.
 T1_FALLBACK = ("tests/test_offload_machine.py::test_impl_conforms_where_vllm_does_not"
@@ -564,10 +565,19 @@ def failed_store_unpins(manager: Any, lru: Any, arc: Any) -> None:
     replace(manager.CPUOffloadingManager, "complete_store", complete_store)
 
 
+def late_completion_accepted() -> None:
+    """impl's 0.33 manager forgets generations: a store completion issued before a reset
+    marks the key a newer store holds pending as ready, before its data are written
+    (what vLLM 0.33's manager does, finding O8; its connector drops such completions)."""
+    from kvspec.impl.kv_offload.cpu_manager import CPUOffloadingManager
+
+    replace(CPUOffloadingManager, "_is_late", lambda self, req_context: False)
+
+
 def _mutant(name: str, plant: Callable[[], None], checker: tuple[str, ...],
             killed_by: str) -> Mutant:
     prefix = ("0.33: " if checker == MACHINE_033 else "spec: " if checker == EXPLORER
-              else "offload: ")
+              else "offload 0.33: " if checker == IMPL_033 else "offload: ")
     return Mutant(name, prefix + " ".join((plant.__doc__ or "").split()), plant, checker,
                   killed_by=killed_by)
 
@@ -631,6 +641,9 @@ MUTANTS: list[Mutant] = [
     # the spec itself, under the exhaustive explorer
     _mutant("spec_offload_store_one_over_capacity", spec_store_one_over_capacity, EXPLORER,
             "within_capacity"),
+    # impl's 0.33 manager
+    _mutant("offload_033_late_completion_accepted", late_completion_accepted, IMPL_033,
+            "in late_completion"),
     # vLLM 0.33
     _mutant("v033_offload_request_finish_ignored", request_finish_ignored, MACHINE_033,
             "view_matches_spec"),
