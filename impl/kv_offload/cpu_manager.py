@@ -123,23 +123,17 @@ class _ARCPolicy(ARCOffloadingManager):
 
     def commit(self, seen: list[Any], insertion_only: set[Any], reused: set[Any]) -> None:
         """A key the request only inserted keeps its list, as most recent; a reused key is
-        seen again: T1 to T2 (a pending key stays in T1), or to T2's most recent end."""
-        t1, t2, refs = self._t1, self._t2, self._refs
+        seen again, as ``touch`` sees a held key: T1 to T2 (a pending key stays in T1), or to
+        T2's most recent end."""
+        t1, t2 = self._t1, self._t2
         for key in reversed(seen):
             if key in insertion_only:
                 if key in t1:
                     t1.move_to_end(key)
                 elif key in t2:
                     t2.move_to_end(key)
-            elif key in reused:
-                if key in t1:
-                    if refs[key] >= 0:
-                        del t1[key]
-                        t2[key] = None
-                    else:
-                        t1.move_to_end(key)
-                elif key in t2:
-                    t2.move_to_end(key)
+            elif key in reused and (key in t1 or key in t2):
+                self.touch((key,))
 
     def learn_from_misses(self, keys: list[Any]) -> None:
         """Store misses of ghosts move the target (the keys are not held: a touch of a key
