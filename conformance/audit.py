@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
+from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from kvspec.conformance.deadline import configured_seconds
+from kvspec.conformance.example_db import CountingDatabase, audit_key
 from kvspec.conformance.layers import (
     LAYERS,
     Layer,
@@ -75,6 +77,8 @@ class LayerResult:
     interrupted: bool = False
     mutation_score: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    replayed: int = 0  # saved examples replayed first from the example database
+    events: dict[str, int] = field(default_factory=dict)  # examples per hypothesis.event label
 
     @property
     def conforms(self) -> bool:
@@ -126,25 +130,42 @@ class AuditResult:
 
 
 ProgressHook = Callable[[str, Recorder, float, int], None]
+FailureHook = Callable[[Failure], None]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """An example database for an audit: its failures are replayed before anything is
+    generated, and what the audit finds is saved to it (`example_db`). ``key`` names what is
+    audited beyond the layer (target, profile, policy), `example_db.audit_key`."""
+
+    database: ExampleDatabase
+    target: str
+    profile: str
+    policy: str | None = None
 
 
 def run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_base: int,
               scope: str = "all", progress: ProgressHook | None = None,
               step_count: int | None = None, step_deadline: float | None = None,
-              mutants: Path | None = None) -> LayerResult:
+              mutants: Path | None = None, replay: Replay | None = None,
+              on_failure: FailureHook | None = None) -> LayerResult:
     """Audit one layer of target for budget seconds (the target's log warnings silenced);
-    its machine's mutation score is read from ``mutants`` (`mutation_scores.mutants_path`)."""
+    its machine's mutation score is read from ``mutants`` (`mutation_scores.mutants_path`).
+    With ``replay``, the database's failures for this machine run first and new ones are
+    saved there; ``on_failure`` hears each distinct failure as soon as it is shrunk."""
     logging.disable(logging.WARNING)
     try:
         return _run_layer(layer, target, profile, budget, seed_base, scope, progress,
-                          step_count, step_deadline, mutants)
+                          step_count, step_deadline, mutants, replay, on_failure)
     finally:
         logging.disable(logging.NOTSET)
 
 
 def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_base: int,
                scope: str, progress: ProgressHook | None, step_count: int | None,
-               step_deadline: float | None, mutants: Path | None) -> LayerResult:
+               step_deadline: float | None, mutants: Path | None, replay: Replay | None,
+               on_failure: FailureHook | None) -> LayerResult:
     try:
         built = layer.build(target, profile)
     except LayerUnavailable as reason:
@@ -173,6 +194,12 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
         else:
             max_examples = 10
         machine = instrument(built.machine, recorder, excluded, step_deadline)
+        database: CountingDatabase | None = None
+        if replay is not None:
+            database = CountingDatabase(replay.database)
+            # Hypothesis keys a machine's examples by a digest of its class, with this added.
+            machine._hypothesis_internal_add_digest = audit_key(
+                layer.name, replay.target, replay.profile, replay.policy, scope, excluded)
         machine = seed(seed_base + batch)(machine)
         batch += 1
         recorder.counting = True
@@ -180,9 +207,11 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
         run_settings = settings(
             max_examples=max_examples,
             stateful_step_count=step_count or settings().stateful_step_count,
-            deadline=None, database=None, derandomize=False, print_blob=False,
+            deadline=None, database=database, derandomize=False, print_blob=False,
             report_multiple_bugs=True, verbosity=Verbosity.quiet,
-            phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
+            phases=((Phase.reuse,) if database is not None else ()) + (Phase.generate,
+                                                                        Phase.shrink),
+            suppress_health_check=list(HealthCheck),
         )
         try:
             with _shrinking_bounded(max(5.0, deadline - time.perf_counter())):
@@ -194,9 +223,14 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
             new = []
             for leaf in leaves(error):
                 failure = failure_of(layer.name, leaf, excluded)
+                # Hypothesis generates nothing once a saved example fails again, so a
+                # failure in a batch that replayed examples is one found before.
+                failure.replayed = database is not None and database.replayed > 0
                 if failure.key not in failures_by_key:
                     failures_by_key[failure.key] = failure
                     new.append(failure)
+                    if on_failure is not None:
+                        on_failure(failure)
             state["failures"] = len(failures_by_key)
             # Exclude the named situations that failed and look further; a failure in an
             # ordinary rule (or outside any rule) ends this layer's audit.
@@ -209,8 +243,12 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
             done = recorder.examples - examples_before
             if done and elapsed > 0:
                 examples_per_second = done / elapsed
+        finally:
+            if database is not None:
+                result.replayed += database.replayed
     result.seconds = time.perf_counter() - start
     result.examples, result.steps = recorder.examples, recorder.steps
+    result.events = dict(recorder.event_examples)
     result.failures = list(failures_by_key.values())
     result.excluded = sorted(excluded - frozenset(result.out_of_contract_skipped))
     result.rows = _rows(built.machine, recorder, result)
@@ -283,12 +321,15 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
               scope: str = "all", seed_base: int | None = None,
               progress: ProgressHook | None = None,
               step_deadline: float | None = None, policy: str | None = None,
-              mutants: Path | None = None) -> AuditResult:
+              mutants: Path | None = None, database: ExampleDatabase | None = None,
+              on_failure: FailureHook | None = None) -> AuditResult:
     """Audit every layer ``layer`` selects; the budget is shared equally among them. A step
     that has not returned after ``step_deadline`` seconds (default: ``KVSPEC_STEP_DEADLINE``
     or `deadline.DEFAULT_SECONDS`; 0: none) is a discrepancy. With ``policy`` (an eviction
     policy's name, `spec.eviction`), the pool and manager layers run under that policy
-    (`layers.policy_layer`) and the other layers are left out."""
+    (`layers.policy_layer`) and the other layers are left out. With ``database``
+    (`example_db.open_database`), each layer replays the failures saved there first and saves
+    what it finds."""
     import random
 
     from kvspec.conformance.vllm_targets import vllm_version
@@ -308,12 +349,13 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
         seed_base = random.randrange(2**31)
     version = vllm_version() if target == "vllm" or target.startswith("vllm.") else None
     start = time.perf_counter()
+    replay = None if database is None else Replay(database, target, profile.value, policy)
     results: list[LayerResult] = []
     for index, name in enumerate(names):
         share = (budget - (time.perf_counter() - start)) / (len(names) - index)
         results.append(run_layer(layers[name], target, profile, max(share, 1.0), seed_base,
                                  scope, progress, step_deadline=step_deadline,
-                                 mutants=mutants))
+                                 mutants=mutants, replay=replay, on_failure=on_failure))
     audit = AuditResult(target, profile.value, scope, budget, seed_base, sys.executable,
                         version, results, step_deadline=configured_seconds(step_deadline))
     audit.seconds = time.perf_counter() - start

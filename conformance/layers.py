@@ -58,9 +58,27 @@ def _build_pool(target: str, profile: Profile) -> LayerMachine:
     from kvspec.conformance import pool_machine
 
     info = pool_target(target)
+    out_of_contract = frozenset(getattr(pool_machine, "OUT_OF_CONTRACT", ()))
+    if target == "impl" and profile is Profile.V0_33:
+        # impl's pool serves either release's API, chosen when it is built: under the 0.33
+        # profile it is built for 0.33 (as the plugin builds it under vLLM 0.33).
+        from kvspec.conformance.vllm_targets import IMPL_POOL, Vllm033Pool
+
+        def make_033() -> Any:
+            return Vllm033Pool(IMPL_POOL, pool_arguments={"vllm_api": "0.33"})
+        _check_builds(make_033, NewPool(2, True, True, profile=profile),
+                      f"{IMPL_POOL!r} as a vLLM 0.33 BlockPool")
+        machine = pool_machine.machine_for(make_033, profile)
+        # impl does what vLLM 0.33 does where a second watcher replaces the first (vLLM's bug,
+        # docs/findings.md B11), for a drop-in's sake: left out rather than reported each time.
+        machine.excluded = frozenset({pool_machine.WATCHED_TWICE})
+        return LayerMachine(machine, IMPL_POOL, "vLLM 0.33 BlockPool API (vllm_api='0.33')",
+                            out_of_contract, notes=(
+                                f"left out: {pool_machine.WATCHED_TWICE!r} (impl follows "
+                                "vLLM 0.33 there, docs/findings.md B11)",))
     _check_builds(info.make, NewPool(2, True, True), f"{info.pool_path!r} as a BlockPool")
     return LayerMachine(pool_machine.machine_for(info.make, profile), info.pool_path, info.api,
-                        frozenset(getattr(pool_machine, "OUT_OF_CONTRACT", ())))
+                        out_of_contract)
 
 
 def _build_manager(target: str, profile: Profile) -> LayerMachine:
@@ -144,6 +162,7 @@ def policy_layer(layer: str, policy_name: str, target: str, profile: Profile) ->
     0.13's API and kvspec's policy calls that claims the policy itself (pool layer only)."""
     from kvspec.conformance import manager_machine, pool_machine
     from kvspec.conformance.targets import IMPL_POLICIES, VllmApiPool, load
+    from kvspec.conformance.vllm_targets import IMPL_POOL, Vllm033Pool
     from kvspec.impl.eviction import EvictionPolicy
     from kvspec.spec.eviction import policy_named
 
@@ -177,6 +196,10 @@ def policy_layer(layer: str, policy_name: str, target: str, profile: Profile) ->
             frozenset(manager_machine.OUT_OF_CONTRACT))
 
     def make() -> VllmApiPool:
+        if profile is Profile.V0_33 and pool_path == IMPL_POOL:
+            # impl's pool built for 0.33's API under the 0.33 profile (as `_build_pool`).
+            return Vllm033Pool(pool_path, policy_path=plug_in,
+                               pool_arguments={"vllm_api": "0.33"})
         return VllmApiPool(pool_path, policy_path=plug_in)
     _check_builds(make, NewPool(2, True, True, policy=policy),
                   f"{shown!r} as a BlockPool with policy {policy_name}")

@@ -44,6 +44,7 @@ class Failure:
     machine: Any = None  # the failing machine (its lockstep's step and adapter write the file)
     counterexample: str | None = None  # path of the written pytest file
     known: bool = False  # listed in the --baseline result
+    replayed: bool = False  # found replaying the example database (found by an earlier run)
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -59,6 +60,8 @@ class Recorder:
         self.invariant_steps: Counter[str] = Counter()
         self.examples = 0
         self.steps = 0
+        # Examples that reached each `hypothesis.event` label the machine emitted.
+        self.event_examples: Counter[str] = Counter()
         self.counting = True  # off while Hypothesis shrinks a failure
         self.on_progress = on_progress
 
@@ -158,8 +161,32 @@ def instrument(machine: type[RuleBasedStateMachine], recorder: Recorder,
         recorder.new_example()
         machine.__init__(self)
 
+    def teardown(self: Any) -> None:
+        try:
+            machine.teardown(self)
+        finally:
+            if recorder.counting:
+                recorder.event_examples.update(example_events())
+
     namespace["__init__"] = __init__
+    namespace["teardown"] = teardown
     return type(machine.__name__, (machine,), namespace)
+
+
+# Events Hypothesis itself records about its draws, not the machine's coverage labels.
+_HYPOTHESIS_EVENTS = ("Retried draw from ", "Aborted test because ")
+
+
+def example_events() -> list[str]:
+    """The `hypothesis.event` labels the running example has emitted (read at its end: a
+    cheap alternative to Hypothesis's observability, which slows a machine about 3x)."""
+    from hypothesis.control import current_build_context
+
+    try:
+        events = current_build_context().data.events
+    except Exception:  # outside a test: nothing to read
+        return []
+    return [str(label) for label in events if not str(label).startswith(_HYPOTHESIS_EVENTS)]
 
 
 def leaves(error: BaseException) -> Iterator[BaseException]:

@@ -107,6 +107,11 @@ def add_audit_parser(subparsers: Any) -> None:
     parser.add_argument("--mutants", metavar="FILE",
                         help="the mutation scores `python -m tests.mutants` wrote (default: "
                         "KVSPEC_MUTANTS, else build/mutants.json under the current directory)")
+    parser.add_argument("--database", metavar="URL|DIR",
+                        help="replay the failures saved in this example database first (a "
+                        "redis:// URL shared by a campaign, or a directory); read-only, new "
+                        "failures go to .kvspec/local-examples. Default: $KVSPEC_DATABASE, else "
+                        ".kvspec/examples where a campaign exported it; 'none': no database")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run_audit_command)
 
@@ -179,13 +184,26 @@ def run_audit_command(args: argparse.Namespace) -> int:
     if ":" in args.target and os.getcwd() not in sys.path:
         # A class of the project the audit runs in (as ``python -m`` would find it).
         sys.path.insert(0, os.getcwd())
+    database_spec = audit_database_spec(args.database)
+    database = None
+    if database_spec is not None:
+        from kvspec.conformance.example_db import DatabaseError, open_database
+
+        try:
+            database = open_database(database_spec, writer=False,
+                                     local=Path(".kvspec/local-examples"),
+                                     on_unreachable=_database_unreachable(database_spec))
+        except DatabaseError as error:
+            print(f"kvspec audit: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
     progress = None if args.no_progress else ProgressBar(sys.stderr, args.budget)
     try:  # a TargetError (a target that cannot be loaded or built) goes up to main: exit 2
         audit = run_audit(args.target, profile, args.budget, layer=args.layer, scope=args.scope,
                           seed_base=args.seed,
                           progress=None if progress is None else progress.update,
                           step_deadline=step_deadline, policy=args.policy,
-                          mutants=None if args.mutants is None else Path(args.mutants))
+                          mutants=None if args.mutants is None else Path(args.mutants),
+                          database=database)
     finally:
         if progress is not None:
             progress.finish()
@@ -199,6 +217,11 @@ def run_audit_command(args: argparse.Namespace) -> int:
     write_counterexamples(audit, Path(args.counterexamples))
     _warn_profile_mismatch(audit.vllm_version, args.profile)
     report = render_report(audit)
+    if database_spec is not None:
+        replayed = sum(layer.replayed for layer in audit.audited)
+        found = sum(f.replayed for f in audit.failures)
+        report += (f"Example database {database_spec}: replayed {replayed} saved example(s) "
+                   f"first; {found} failure(s) found by replaying them.\n")
     sys.stdout.write(report)
     if args.report:
         Path(args.report).write_text(report)
@@ -206,6 +229,24 @@ def run_audit_command(args: argparse.Namespace) -> int:
         with open(args.json, "w") as stream:
             write_json(audit, stream)
     return EXIT_CONFORMS if audit.passes else EXIT_DOES_NOT_CONFORM
+
+
+def audit_database_spec(option: str | None) -> str | None:
+    """The example database an audit replays: ``--database``, else ``$KVSPEC_DATABASE``,
+    else the directory a campaign on this machine exported (`example_db.EXPORTED`); None
+    for ``none`` or where there is none."""
+    from kvspec.conformance.example_db import EXPORTED
+
+    spec = option or os.environ.get("KVSPEC_DATABASE") or (
+        str(EXPORTED) if EXPORTED.is_dir() else None)
+    return None if spec in (None, "", "none") else spec
+
+
+def _database_unreachable(spec: str) -> Any:
+    def warn(error: BaseException) -> None:
+        print(f"kvspec audit: warning: example database {spec} unreachable ({error}); "
+              "auditing without its saved examples", file=sys.stderr)
+    return warn
 
 
 def _warn_profile_mismatch(version: str | None, profile: str) -> None:
@@ -218,6 +259,7 @@ def _warn_profile_mismatch(version: str | None, profile: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvspec.conformance.campaign_cli import add_campaign_parser
     from kvspec.models.cli import add_plan_parser
 
     parser = argparse.ArgumentParser(
@@ -226,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_audit_parser(subparsers)
     add_plan_parser(subparsers)
+    add_campaign_parser(subparsers)
     return parser
 
 

@@ -10,6 +10,10 @@ from kvspec.conformance.profiles import load_profile
 
 load_profile()
 
+# Audits run by the tests replay no example database a campaign left on this machine (a test
+# that wants one passes --database); subprocesses inherit this.
+os.environ.setdefault("KVSPEC_DATABASE", "none")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     name = os.environ.get("KVSPEC_MUTANT")

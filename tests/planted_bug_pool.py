@@ -42,3 +42,14 @@ class NegativeCountSpinsPool(BlockPool):
         if type(num_blocks) is int and num_blocks < 0:
             return take_until_none_missing(self.free_block_queue, num_blocks)
         return super().get_new_blocks(num_blocks)
+
+
+class NegativeCountAcceptedPool(BlockPool):
+    """Answers a negative count with no blocks instead of refusing it: a bad-call discrepancy,
+    which the audit reports and then excludes, so it goes on for its whole budget (what the
+    campaign's fault tests need: a failure found early in a shard that keeps running)."""
+
+    def get_new_blocks(self, num_blocks: SupportsIndex) -> list[KVCacheBlock]:
+        if type(num_blocks) is int and num_blocks < 0:
+            return []
+        return super().get_new_blocks(num_blocks)
