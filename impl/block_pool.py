@@ -1550,6 +1550,8 @@ class BlockPool(BlockOwner):
         kept = [i for i, b in enumerate(new_blocks)
                 if b is not null and (block_mask is None or mask[i])]
         key_of, tokens_of = self._key_of, self._tokens_of
+        # Read as objects: the compiled build would unbox a non-bytes entry with a TypeError.
+        raw_hashes: Any = hashes
         seen: set[KVCacheBlock] = set()
         for i in kept:
             block = new_blocks[i]
@@ -1561,9 +1563,9 @@ class BlockPool(BlockOwner):
                 if covered is None or covered >= (first + i + 1) * size:
                     raise BlockAlreadyCachedError(
                         f"block {block.block_id} already has a key {block.block_hash!r}")
-            if type(hashes[first + i]) is not bytes:
+            if type(raw_hashes[first + i]) is not bytes:
                 raise InvalidBlockHashError(f"block hash must be bytes, got "
-                                            f"{hashes[first + i]!r}")
+                                            f"{raw_hashes[first + i]!r}")
         if not kept and not self.enable_kv_cache_events:
             return
         # With events on, a range of only null (or masked-out) blocks still reports an empty
