@@ -115,6 +115,7 @@ class _Request033:
     prompt_embeds: Any = None
     mm_features: list[Any] = field(default_factory=list)
     _prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    kv_retention: list[Any] = field(default_factory=list)  # kvspec's retention hints, if any
 
     @property
     def num_tokens(self) -> int:
@@ -133,15 +134,17 @@ class Vllm033Pool(VllmApiPool):
     flat_touch = True
 
     def request(self, command: Any) -> Any:
-        return request_for_033(command.block_hashes, self.tokens(command), command.lora_id)
+        return request_for_033(command.block_hashes, self.tokens(command), command.lora_id,
+                               command.retention)
 
     def request_of(self, block_hashes: Sequence[bytes], token_ids: Sequence[int],
                    lora_id: int | None) -> Any:
         return request_for_033(block_hashes, token_ids, lora_id)
 
     def request_source(self, command: Any) -> str:
+        hints = f", {list(command.retention)!r}" if command.retention else ""
         return (f"request_for_033({list(command.block_hashes)!r}, {self.tokens(command)!r}, "
-                f"{command.lora_id!r})")
+                f"{command.lora_id!r}{hints})")
 
     def imports(self) -> list[str]:
         return [*super().imports(),
@@ -149,10 +152,12 @@ class Vllm033Pool(VllmApiPool):
 
 
 def request_for_033(block_hashes: Sequence[bytes], token_ids: Sequence[int],
-                    lora_id: int | None = None) -> _Request033:
-    """The stand-in request vLLM 0.33's BlockPool.cache_full_blocks reads."""
+                    lora_id: int | None = None, retention: Sequence[Any] = ()) -> _Request033:
+    """The stand-in request vLLM 0.33's BlockPool.cache_full_blocks reads (and the
+    retention hints a pool with kvspec's ``priority`` policy reads)."""
     return _Request033(list(block_hashes), list(token_ids),
-                       None if lora_id is None else _LoRA033(lora_id))
+                       None if lora_id is None else _LoRA033(lora_id),
+                       kv_retention=list(retention))
 
 
 # --- Picking the target ----------------------------------------------------------------------

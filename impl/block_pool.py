@@ -1585,6 +1585,8 @@ class BlockPool(BlockOwner):
             stored = self._stored_event_033(
                 request, [maybe_convert_block_hash(hashes[first + i]) for i in kept], parent,
                 first * size, end * size, size, group_id, extra_keys, lookahead)
+        policy = self._policy
+        hints = None if policy is None else policy.check_hints(request)
         # Nothing has changed yet; from here on nothing can fail.
         for i in kept:
             block = new_blocks[i]
@@ -1596,6 +1598,8 @@ class BlockPool(BlockOwner):
             self._stored_block_sizes[group_id] = size
             if self.max_pending_kv_events is not None:
                 self._bound_kv_events()
+        if hints:  # the request's retention hints, as in 0.13's path
+            policy.cached(hints, block_list[first:end], first, size)  # type: ignore[union-attr]
 
     def emit_cached_block_events(self, request: RequestToCache, num_cached_blocks: SupportsIndex,
                                  block_size: SupportsIndex, kv_cache_group_id: SupportsIndex

@@ -14,7 +14,9 @@ from kvspec.conformance.manager_machine import (
 )
 from kvspec.conformance.pool_machine import PoolMachine, machine_for
 from kvspec.conformance.targets import IMPL_POLICIES, VllmApiPool
+from kvspec.conformance.vllm_targets import IMPL_POOL, Vllm033Pool
 from kvspec.spec.eviction import policy_named
+from kvspec.spec.pool import Profile
 
 # Half the pool may be pinned in the machines (the default is a quarter), so that pins, the cap
 # and a pool of pinned blocks all happen in pools of 2 to 8 blocks.
@@ -29,6 +31,18 @@ def _machine(name: str) -> type[PoolMachine]:
 TestLruLifoUnhashedConforms = _machine("lru-lifo-unhashed").TestCase
 TestPriorityConforms = _machine("priority").TestCase
 TestPinnedConforms = _machine("pinned").TestCase
+
+
+def _machine_033(name: str) -> type[PoolMachine]:
+    """The policy in impl's pool built for vLLM 0.33's API, against the vllm-0.33 spec (a
+    request's retention hints reach the policy through 0.33's cache_full_blocks too)."""
+    return machine_for(lambda: Vllm033Pool(IMPL_POOL, policy_path=IMPL_POLICIES[name],
+                                           pool_arguments={"vllm_api": "0.33"}),
+                       Profile.V0_33, policy_named(name, PIN_SHARE))
+
+
+TestPriorityConforms033 = _machine_033("priority").TestCase
+TestPinnedConforms033 = _machine_033("pinned").TestCase
 
 
 def _manager_machine(name: str) -> type[ManagerMachine]:
