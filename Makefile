@@ -12,7 +12,7 @@ VLLM_PYTHON ?=
 CROSSHAIR_TIMEOUT ?= 4
 # Modules whose PEP 316 contracts CrossHair checks in `make check`.
 CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.spec.pool_programs kvspec.spec.hashing \
-	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager kvspec.spec.event_consumer \
+	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager kvspec.spec.event_consumer kvspec.spec.event_stream \
 	kvspec.spec.free_queue kvspec.spec.hash_map kvspec.spec.eviction kvspec.spec.events \
 	kvspec.spec.offload kvspec.spec.offload_programs
 

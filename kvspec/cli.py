@@ -1,4 +1,6 @@
-"""The ``kvspec`` command: ``kvspec audit`` (conformance audit) and ``kvspec plan``.
+"""The ``kvspec`` command: ``kvspec audit`` (conformance audit), ``kvspec plan``, ``kvspec
+campaign`` (audits over many workers, conformance/campaign_cli.py) and ``kvspec events``
+(a KV-event stream's oracle, conformance/events_check.py).
 
 ``kvspec audit --target impl|vllm|package.module:Class --profile vllm-0.13|vllm-0.33`` runs
 the conformance machines of conformance against the target for a time budget, shows a
@@ -260,6 +262,7 @@ def _warn_profile_mismatch(version: str | None, profile: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from kvspec.conformance.campaign_cli import add_campaign_parser
+    from kvspec.conformance.events_check import add_events_parser
     from kvspec.models.cli import add_plan_parser
 
     parser = argparse.ArgumentParser(
@@ -269,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_parser(subparsers)
     add_plan_parser(subparsers)
     add_campaign_parser(subparsers)
+    add_events_parser(subparsers)
     return parser
 
 

@@ -70,6 +70,40 @@ class RouterView:
     blocks: tuple[tuple[int, CachedBlock], ...] = ()
 
 
+def fold_event(counts: Counter[int], blocks: dict[int, CachedBlock] | None,
+               event: Event) -> tuple[int, ...]:
+    """The router's fold of one event, in place: ``counts`` (hash -> blocks holding it, zero
+    entries kept out) and, when given, ``blocks`` (what the last BlockStored said of each
+    held hash). Returns the hashes a BlockRemoved named that the router did not hold at that
+    point (each left at zero: a router cannot hold fewer than none). The one definition of
+    the fold: `consume`, `event_removed_was_stored` and `spec.event_stream` all use it."""
+    if isinstance(event, Cleared):
+        counts.clear()
+        if blocks is not None:
+            blocks.clear()
+        return ()
+    unheld: list[int] = []
+    if isinstance(event, Stored):
+        parent = event.parent
+        size = event.block_size
+        for index, block_hash in enumerate(event.hashes):
+            counts[block_hash] += 1
+            if blocks is not None:
+                tokens = event.token_ids[index * size:(index + 1) * size] if size > 0 else ()
+                blocks[block_hash] = CachedBlock(parent, tuple(tokens), size, event.lora_id)
+            parent = block_hash
+    elif isinstance(event, Removed):
+        for block_hash in event.hashes:
+            if counts[block_hash] <= 0:
+                unheld.append(block_hash)
+            counts[block_hash] -= 1
+            if counts[block_hash] <= 0:
+                del counts[block_hash]
+                if blocks is not None:
+                    blocks.pop(block_hash, None)
+    return tuple(unheld)
+
+
 def consume(view: RouterView, event: Event) -> RouterView:
     """The router's view after one event.
 
@@ -79,20 +113,7 @@ def consume(view: RouterView, event: Event) -> RouterView:
     if isinstance(event, Cleared):
         return RouterView()
     counts, blocks = Counter(dict(view.counts)), dict(view.blocks)
-    if isinstance(event, Stored):
-        parent = event.parent
-        size = event.block_size
-        for index, block_hash in enumerate(event.hashes):
-            tokens = event.token_ids[index * size:(index + 1) * size] if size > 0 else ()
-            counts[block_hash] += 1
-            blocks[block_hash] = CachedBlock(parent, tuple(tokens), size, event.lora_id)
-            parent = block_hash
-    elif isinstance(event, Removed):
-        for block_hash in event.hashes:
-            counts[block_hash] -= 1
-            if counts[block_hash] <= 0:
-                del counts[block_hash]
-                blocks.pop(block_hash, None)
+    fold_event(counts, blocks, event)
     return RouterView(tuple(sorted(counts.items())), tuple(sorted(blocks.items())))
 
 
@@ -104,37 +125,45 @@ def router_view(events: Sequence[Event]) -> RouterView:
     return view
 
 
+def stored_covers_whole_blocks(event: Stored) -> bool:
+    """A BlockStored with tokens carries whole blocks of them, at least one per hash (a
+    snapshot's key-only BlockStored carries none; null blocks' tokens make more blocks than
+    hashes, finding R1; a vLLM 0.33 partial entry's block size is its own span).
+
+    post: __return__ or len(event.token_ids) > 0
+    """
+    if not event.token_ids:
+        return True
+    size, n = event.block_size, len(event.token_ids)
+    return not (size <= 0 or n % size or n < len(event.hashes) * size)
+
+
+def stored_parent_outside_its_blocks(event: Stored) -> bool:
+    """A BlockStored does not name one of its own blocks as their parent (a parent the router
+    never saw is legal, finding R2).
+
+    post: __return__ or event.parent is not None
+    """
+    return event.parent is None or event.parent not in event.hashes
+
+
 def event_stored_covers_whole_blocks(state: PoolState) -> bool:
     """Every BlockStored with tokens carries whole blocks of them, at least one per hash (a
     snapshot's key-only BlockStored carries none)."""
-    for event in state.events:
-        if isinstance(event, Stored) and event.token_ids:
-            size, n = event.block_size, len(event.token_ids)
-            if size <= 0 or n % size or n < len(event.hashes) * size:
-                return False
-    return True
+    return all(stored_covers_whole_blocks(event) for event in state.events
+               if isinstance(event, Stored))
 
 
 def event_removed_was_stored(state: PoolState) -> bool:
     """Every hash a BlockRemoved names is held by the router at that point of the stream."""
     counts: Counter[int] = Counter()
-    for event in state.events:
-        if isinstance(event, Cleared):
-            counts.clear()
-        elif isinstance(event, Stored):
-            counts.update(event.hashes)
-        elif isinstance(event, Removed):
-            for block_hash in event.hashes:
-                if counts[block_hash] <= 0:
-                    return False
-                counts[block_hash] -= 1
-    return True
+    return not any(fold_event(counts, None, event) for event in state.events)
 
 
 def event_stored_parent_outside_its_blocks(state: PoolState) -> bool:
     """No BlockStored names one of its own blocks as their parent: the chain does not loop."""
-    return all(event.parent not in event.hashes for event in state.events
-               if isinstance(event, Stored) and event.parent is not None)
+    return all(stored_parent_outside_its_blocks(event) for event in state.events
+               if isinstance(event, Stored))
 
 
 def _copies(state: PoolState) -> Counter[int]:

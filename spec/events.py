@@ -506,6 +506,22 @@ def unpack(data: bytes) -> Any:
     return value
 
 
+def split_documents(data: bytes) -> tuple[bytes, ...]:
+    """The bytes of each msgpack document in ``data``, a concatenation of them (a file of
+    bare KVEventBatch payloads); a document cut short or outside the subset above is refused.
+
+    raises: WireError
+    post: b"".join(__return__) == data
+    """
+    documents: list[bytes] = []
+    at = 0
+    while at < len(data):
+        _, end = _unpack_at(data, at)
+        documents.append(data[at:end])
+        at = end
+    return tuple(documents)
+
+
 # --- Named invariants over wire events ----------------------------------------------------------
 
 

@@ -1,0 +1,123 @@
+"""``kvspec events check`` on vLLM's own publisher: vLLM's real Scheduler (tests/vllm_loop.py
+under 0.13, tests/vllm_loop_033.py under 0.33) with its ``kv_event_publisher`` set to vLLM's
+``ZmqEventPublisher`` (PUB and ROUTER replay on ipc sockets), once with vLLM's KV-cache code
+and once with kvspec's through the plugin; the checker consumes it live in another process,
+replaying what it missed before it subscribed, and must find nothing.
+
+Run in a vLLM environment (skipped without vLLM)::
+
+    .venv-vllm-0.13.0/bin/python -m pytest -q -p no:cacheprovider tests/test_events_check_vllm.py
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+pytest.importorskip("vllm")
+pytest.importorskip("zmq")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VERSION = importlib.metadata.version("vllm")
+
+# The workload process: vLLM's scheduler publishing through vLLM's ZmqEventPublisher; it
+# prints "ready" once the sockets are bound, runs, then answers replays until stdin closes.
+WORKLOAD = r"""
+import os, sys, time, tempfile
+from dataclasses import replace
+from pathlib import Path
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import importlib
+importlib.import_module("vllm.v1.core.sched.scheduler")
+side, pub, replay, release = sys.argv[1:5]
+if side == "kvspec":
+    from kvspec import vllm_plugin
+    vllm_plugin.install()
+from vllm.distributed.kv_events import ZmqEventPublisher
+if release == "0.13":
+    from tests.vllm_loop import ALL_WORKLOADS, Engine, build_scheduler, request_block_hasher
+    workload = replace(ALL_WORKLOADS["priority-1"], steps=400)
+    make = lambda scheduler: Engine(workload, scheduler, request_block_hasher())
+else:
+    from tests.vllm_loop_033 import ALL_WORKLOADS, Engine, build_scheduler
+    workload = replace(ALL_WORKLOADS["mamba-1"], steps=400)
+    make = lambda scheduler: Engine(workload, scheduler)
+publisher = ZmqEventPublisher(0, endpoint=pub, replay_endpoint=replay, topic="kv")
+
+class Tee:
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.events = recorder.events
+    def publish(self, batch):
+        self.recorder.publish(batch)
+        publisher.publish(batch)
+    def shutdown(self):
+        pass
+
+with tempfile.TemporaryDirectory() as tmp:
+    scheduler = build_scheduler(workload, Path(tmp) / "model")
+    engine = make(scheduler)
+    engine.publisher = scheduler.kv_event_publisher = Tee(engine.publisher)
+    print("ready", flush=True)
+    time.sleep(1.0)
+    stored = 0
+    for _ in range(workload.steps):
+        record = engine.step()
+        stored += sum(name.startswith("BlockStored") for name, _ in record.get("kv_events", ()))
+print(f"stored {stored}", flush=True)
+sys.stdin.read()
+publisher.shutdown()
+"""
+
+
+def _line_starting(stream: IO[str], prefix: str) -> str:
+    """The first line that starts with ``prefix`` (vLLM logs to stdout too)."""
+    for line in stream:
+        if line.startswith(prefix):
+            return line.strip()
+    return ""
+
+
+@pytest.mark.parametrize("side", ["vllm", "kvspec"])
+def test_vllms_publisher_stream_conforms_live(side: str, tmp_path: Path) -> None:
+    release = "0.13" if VERSION.startswith("0.13.") else "0.33"
+    if not VERSION.startswith(("0.13.", "0.33.")):
+        pytest.skip(f"needs vLLM 0.13 or 0.33, not {VERSION}")
+    env = dict(os.environ, PYTHONHASHSEED="0", VLLM_TARGET_DEVICE="cpu")
+    with tempfile.TemporaryDirectory(prefix="kvev", dir="/tmp") as tmp:
+        pub, replay = f"ipc://{tmp}/pub", f"ipc://{tmp}/replay"
+        workload = subprocess.Popen(
+            [sys.executable, "-c", WORKLOAD, side, pub, replay, release], cwd=REPO_ROOT,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert workload.stdout is not None
+            assert _line_starting(workload.stdout, "ready") == "ready"
+            out = tmp_path / "report.json"
+            check = subprocess.run(
+                [sys.executable, "-m", "kvspec.cli", "events", "check",
+                 "--endpoint", pub, "--replay-endpoint", replay, "--topic", "kv",
+                 "--idle-timeout", "4", "--json", str(out)],
+                cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+            stored = _line_starting(workload.stdout, "stored ")
+        finally:
+            assert workload.stdin is not None
+            workload.stdin.close()
+            workload.wait(timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    report = json.loads(out.read_text())
+    assert report["from_start"] and report["batches"] > 50, report
+    assert any("compared with the live state" in note for note in report["notes"]), report
+    shape = "array" if release == "0.13" else "map"
+    assert set(report["encodings"]) == {shape}
+    assert int(stored.split()[1]) > 0
+    held = [(p["group_idx"], p["medium"], p["held_copies"]) for p in report["partitions"]]
+    print(f"vLLM {VERSION}, {side}: {report['batches']} batches, {report['events']} events, "
+          f"(group, medium, held copies) {held}")
