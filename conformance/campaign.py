@@ -56,7 +56,6 @@ PROFILES = ("vllm-0.13", "vllm-0.33")
 # The eviction policies a campaign audits beside the default order, on the pool and manager.
 POLICIES = ("lru-lifo-unhashed", "priority", "pinned")
 POLICY_LAYERS = ("pool", "manager")
-POLICY_PROFILES = ("vllm-0.13",)
 # How long a shard's job may run past its budget before RQ kills it (shrinking, start-up).
 JOB_SLACK_SECONDS = 120
 RETRIES = 2
@@ -105,10 +104,8 @@ def plan(campaign: str, target: str, database: str, budget: float, workers: int,
     first, so that a later campaign replays known failures before anything else."""
     kinds: list[tuple[str, str, str | None]] = [
         (layer, profile, None) for profile in profiles for layer in layers]
-    # Eviction policies under vLLM 0.13's profile only: impl's 0.33 mode does not yet carry a
-    # request's retention to the priority policy (docs/campaign.md, "What is left").
-    kinds += [(layer, profile, policy) for profile in profiles if profile in POLICY_PROFILES
-              for policy in policies for layer in POLICY_LAYERS if layer in layers]
+    kinds += [(layer, profile, policy) for profile in profiles for policy in policies
+              for layer in POLICY_LAYERS if layer in layers]
     worker_seconds = 0.8 * budget * workers  # the rest: start-up, shrinking, the last shard
     each = shard_budget or max(2.0, min(60.0, worker_seconds / len(kinds)))
     rounds = max(1, int(worker_seconds // (each * len(kinds))))

@@ -85,7 +85,8 @@ def test_plan_covers_every_layer_and_profile_and_puts_known_failures_first() -> 
                   first=lambda target, profile, label: label == "offload")
     kinds = {(s.label, s.profile) for s in shards}
     assert kinds == {("pool", "vllm-0.13"), ("offload", "vllm-0.13"), ("pool", "vllm-0.33"),
-                     ("offload", "vllm-0.33"), ("pool/priority", "vllm-0.13")}
+                     ("offload", "vllm-0.33"), ("pool/priority", "vllm-0.13"),
+                     ("pool/priority", "vllm-0.33")}
     assert shards[0].label == "offload" and shards[1].label == "offload"
     assert len({s.seed for s in shards}) == len(shards)  # no two shards share a seed
     assert len({s.job for s in shards}) == len(shards)
