@@ -649,9 +649,16 @@ def merge(store: CampaignStore, options: CampaignOptions, database: str,
                                                              e["kind"], e["name"])),
         "not_reached": [{k: e[k] for k in ("layer", "profile", "kind", "name")}
                         for e in coverage.values() if not e["count"] and e["kind"] != "event"],
-        "failures": sorted(store.failures(), key=lambda f: f["found_at"]),
+        "failures": _numbered(store.failures()),
         "timeline": timeline, "events": events,
     }
+
+
+def _numbered(failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failures in the order found, each with a short id for the report (F1, F2, ...);
+    the full identity (`failure_id`) stays as ``key``."""
+    ordered = sorted(failures, key=lambda f: f["found_at"])
+    return [dict(f, key=f["id"], id=f"F{n}") for n, f in enumerate(ordered, 1)]
 
 
 def _write_report(data: dict[str, Any], report_dir: Path) -> None:

@@ -8,7 +8,9 @@
   smallest one), sized so that every mutant in the catalogue dies. ``ci-mutants`` is an alias.
 - ``nightly``: large and randomized.
 
-``KVSPEC_PROFILE`` overrides the choice.
+``KVSPEC_PROFILE`` overrides the choice. ``KVSPEC_HYPOTHESIS_DATABASE=redis://HOST:PORT/DB``
+gives the chosen profile (but the mutant runner's) that shared example database, so that
+pytest runs of the machines and HypoFuzz workers (docs/campaign.md) share their failures.
 """
 
 from __future__ import annotations
@@ -54,5 +56,13 @@ def profile_name() -> str:
 def load_profile() -> str:
     """Load the profile chosen by the environment and return its name."""
     name = profile_name()
+    shared = os.environ.get("KVSPEC_HYPOTHESIS_DATABASE")
+    if shared and name not in (MUTANTS_PROFILE, "ci-mutants"):
+        from kvspec.conformance.example_db import shared_database
+
+        settings.register_profile(f"{name}-shared", settings.get_profile(name),
+                                  database=shared_database(shared))
+        settings.load_profile(f"{name}-shared")
+        return name
     settings.load_profile(name)
     return name

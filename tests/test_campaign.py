@@ -254,3 +254,16 @@ def test_spool_keeps_examples_until_redis_answers(tmp_path: Path) -> None:
         assert later.flush()
         assert list(example_db.shared_database(server.url).fetch(b"key")) == [b"example"]
         assert example_db.Spool(tmp_path / "spool").entries() == []
+
+
+def test_machines_under_pytest_or_hypofuzz_can_share_the_database(server: Any) -> None:
+    code = ("from hypothesis import settings; from kvspec.conformance.profiles import "
+            "load_profile; load_profile(); print(type(settings().database).__name__)")
+    env = dict(_env(), KVSPEC_HYPOTHESIS_DATABASE=server.url)
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert shown.stdout.strip() == "RedisExampleDatabase", shown.stderr
+    env["KVSPEC_PROFILE"] = "mutants"  # the mutant runner's verdicts never depend on one
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert shown.stdout.strip() == "NoneType", shown.stderr
