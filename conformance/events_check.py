@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvspec.conformance.arguments import positive_seconds, whole_number
 from kvspec.spec.event_stream import (
     RULES,
     Finding,
@@ -41,6 +42,9 @@ from kvspec.spec.event_stream import (
     replay_findings,
 )
 from kvspec.spec.events import WireError, split_documents
+
+_SECONDS = positive_seconds()
+_BATCHES = whole_number(1, "batches")
 
 EXIT_CONFORMS, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 CAPTURE_MAGIC = b"kvspec-events/1\n"
@@ -363,26 +367,6 @@ def print_report(source: str, result: LiveResult, out: TextIO) -> None:
 # --- The command --------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
 _EPILOG = f"""\
 exit status:
   {EXIT_CONFORMS}  the stream conforms
@@ -394,11 +378,11 @@ rules: {", ".join(RULES)}"""
 
 def _add_live_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", default="", help="the publisher's topic (default: all)")
-    parser.add_argument("--batches", type=_positive_int, metavar="N",
+    parser.add_argument("--batches", type=_BATCHES, metavar="N",
                         help="stop after N live batches")
-    parser.add_argument("--seconds", type=_positive_seconds, metavar="S",
+    parser.add_argument("--seconds", type=_SECONDS, metavar="S",
                         help="stop after S seconds")
-    parser.add_argument("--idle-timeout", type=_positive_seconds, metavar="S",
+    parser.add_argument("--idle-timeout", type=_SECONDS, metavar="S",
                         default=DEFAULT_IDLE_TIMEOUT,
                         help=f"stop when no batch came for S seconds "
                              f"(default {DEFAULT_IDLE_TIMEOUT:g})")
@@ -423,7 +407,7 @@ def add_events_parser(subparsers: Any) -> None:
                                           "tcp://127.0.0.1:5557")
     check.add_argument("--replay-endpoint", help="the publisher's ROUTER replay endpoint")
     _add_live_options(check)
-    check.add_argument("--replay-timeout", type=_positive_seconds, metavar="S",
+    check.add_argument("--replay-timeout", type=_SECONDS, metavar="S",
                        default=DEFAULT_REPLAY_TIMEOUT,
                        help=f"wait this long for each replay answer "
                             f"(default {DEFAULT_REPLAY_TIMEOUT:g})")

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvspec.conformance.arguments import positive_seconds
+
 EXIT_CONFORMS, EXIT_DOES_NOT_CONFORM, EXIT_USAGE = 0, 1, 2
 DEFAULT_BUDGET = 30.0
 
@@ -40,17 +42,6 @@ exit status:
   {EXIT_DOES_NOT_CONFORM}  the target does not conform: discrepancies, each with its program
   {EXIT_USAGE}  usage error: bad arguments, or a target that cannot be imported, is not a class
      or cannot be built (one line on stderr; nothing was audited)"""
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"budget must be a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"budget must be positive, got {text!r}")
-    return value
 
 
 def _deadline_seconds(text: str) -> float:
@@ -75,7 +66,7 @@ def add_audit_parser(subparsers: Any) -> None:
                         help="impl, vllm or package.module:Class (default impl)")
     parser.add_argument("--profile", default="vllm-0.13", choices=["vllm-0.13", "vllm-0.33"],
                         help="which vLLM release's semantics to check (default vllm-0.13)")
-    parser.add_argument("--budget", type=_positive_seconds, default=DEFAULT_BUDGET,
+    parser.add_argument("--budget", type=positive_seconds("budget"), default=DEFAULT_BUDGET,
                         metavar="SECONDS",
                         help=f"wall-clock time for the whole audit (default {DEFAULT_BUDGET:g})")
     parser.add_argument("--layer", default="auto",

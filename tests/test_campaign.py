@@ -148,16 +148,29 @@ def test_failure_found_by_one_worker_is_replayed_first_everywhere(tmp_path: Path
     assert (machine_a / ".kvspec" / "examples").is_dir()
 
 
+def campaign_with_a_fault(cwd: Path, url: str, fault: Any, *options: str
+                          ) -> tuple[int, str, dict[str, Any]]:
+    """Run a campaign on the target with a planted bad-call bug (its shard goes on after the
+    find), call ``fault`` once the find is recorded, and return the exit status, the output
+    and the merged data."""
+    campaign = start_campaign(cwd, "--database", url, "--target", LENIENT, "--workers", "1",
+                              "--layers", "pool", "--profiles", "vllm-0.13", "--policies", "",
+                              "--report", "report", *options)
+    try:
+        wait_for(lambda: failures_in(url), 60, "the planted bug to be found")
+        fault()
+        output, _ = campaign.communicate(timeout=180)
+    finally:
+        if campaign.poll() is None:
+            campaign.kill()
+    return campaign.returncode, output, campaign_data(cwd)
+
+
 def test_a_killed_work_horse_loses_nothing_and_rq_retries_its_shard(tmp_path: Path,
                                                                     server: Any) -> None:
-    campaign = start_campaign(tmp_path, "--database", server.url, "--target", LENIENT,
-                              "--workers", "1", "--budget", "20", "--shard-budget", "14",
-                              "--layers", "pool", "--profiles", "vllm-0.13", "--policies", "",
-                              "--report", "report")
-    try:
-        wait_for(lambda: failures_in(server.url), 60, "the planted bug to be found")
-        client = example_db.redis_client(server.url)
+    client = example_db.redis_client(server.url)
 
+    def kill_the_work_horse() -> None:
         def running_shard() -> dict[str, Any] | None:
             for key in client.scan_iter(match=b"kvspec:campaign:*:shards"):
                 for raw in client.hvals(key):
@@ -167,12 +180,10 @@ def test_a_killed_work_horse_loses_nothing_and_rq_retries_its_shard(tmp_path: Pa
             return None
         shard = wait_for(running_shard, 30, "a running shard")
         os.kill(int(shard["pid"]), signal.SIGKILL)  # the work horse dies mid-shard
-        output, _ = campaign.communicate(timeout=180)
-    finally:
-        if campaign.poll() is None:
-            campaign.kill()
-    assert campaign.returncode == 1, output
-    data = campaign_data(tmp_path)
+
+    status, output, data = campaign_with_a_fault(tmp_path, server.url, kill_the_work_horse,
+                                                 "--budget", "20", "--shard-budget", "14")
+    assert status == 1, output
     assert [f["check"] for f in data["failures"]] == ["bad_alloc_negative"]
     assert any("RQ runs it again (attempt 2)" in e["text"] for e in data["events"]), output
     assert data["shards"][0]["attempts"] == 2
@@ -180,29 +191,26 @@ def test_a_killed_work_horse_loses_nothing_and_rq_retries_its_shard(tmp_path: Pa
     key = next(client.scan_iter(match=b"kvspec:campaign:*:attempts:*"))
     attempts = [json.loads(a) for a in client.lrange(key, 0, -1)]
     assert len(attempts) == 2 and attempts[0]["pid"] != attempts[1]["pid"]
+    assert attempts[0]["started"] < attempts[1]["started"]
     # The example is in the shared database, under the machine's key.
     assert example_db.shared_keys(server.url)
 
 
 def test_a_restarted_redis_loses_no_failure(tmp_path: Path, server: Any) -> None:
-    campaign = start_campaign(tmp_path, "--database", server.url, "--target", LENIENT,
-                              "--workers", "1", "--budget", "16", "--shard-budget", "12",
-                              "--layers", "pool", "--profiles", "vllm-0.13", "--policies", "",
-                              "--report", "report", "--redis-grace", "60")
-    try:
-        wait_for(lambda: failures_in(server.url), 60, "the planted bug to be found")
-        keys_before = example_db.shared_keys(server.url)
+    keys_before: list[bytes] = []
+
+    def crash_and_restart_redis() -> None:
+        keys_before.extend(example_db.shared_keys(server.url))
         server.kill()  # a crash, not a clean shutdown
         time.sleep(3)
         server.start()
-        output, _ = campaign.communicate(timeout=180)
-    finally:
-        if campaign.poll() is None:
-            campaign.kill()
-    assert campaign.returncode == 1, output
-    data = campaign_data(tmp_path)
+
+    status, output, data = campaign_with_a_fault(tmp_path, server.url, crash_and_restart_redis,
+                                                 "--budget", "16", "--shard-budget", "12",
+                                                 "--redis-grace", "60")
+    assert status == 1, output
     assert [f["check"] for f in data["failures"]] == ["bad_alloc_negative"]
-    assert set(keys_before) <= set(example_db.shared_keys(server.url))
+    assert keys_before and set(keys_before) <= set(example_db.shared_keys(server.url))
     texts = " ".join(e["text"] for e in data["events"])
     assert "unreachable" in texts and "answers again" in texts, output
 
