@@ -135,17 +135,22 @@ def test_failure_found_by_one_worker_is_replayed_first_everywhere(tmp_path: Path
     assert "admit_request" in audit.stdout
     assert (machine_b / ".kvspec" / "local-examples").is_dir()
 
-    # A second campaign replays it before generating anything.
-    second = kvspec(machine_a, "campaign", "--database", server.url, "--target", REVERSED,
+    # A second campaign, its fresh worker on machine b, replays it before generating anything.
+    second = kvspec(machine_b, "campaign", "--database", server.url, "--target", REVERSED,
                     "--workers", "1", "--budget", "6", "--layers", "pool", "--profiles",
                     "vllm-0.13", "--policies", "", "--report", "report2", "--no-progress")
     assert second.returncode == 1
-    again = campaign_data(machine_a, "report2")
+    again = campaign_data(machine_b, "report2")
     assert [f["replayed"] for f in again["failures"]] == [True]
     assert again["shards"][0]["replayed"] >= 1
+    assert again["shards"][0]["worker"] != found[0]["worker"]
     assert "known failure kind(s) in the database" in second.stderr
-    # And make audit on machine a replays the export of the shared database.
-    assert (machine_a / ".kvspec" / "examples").is_dir()
+    # And make audit on either machine replays the export of the shared database.
+    assert (machine_b / ".kvspec" / "examples").is_dir()
+    local = kvspec(machine_a, "audit", "--target", REVERSED, "--budget", "20", "--no-progress")
+    assert local.returncode == 1
+    assert "Example database .kvspec/examples: replayed" in local.stdout
+    assert "1 failure(s) found by replaying them" in local.stdout
 
 
 def campaign_with_a_fault(cwd: Path, url: str, fault: Any, *options: str
