@@ -21,7 +21,7 @@ import functools
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from kvspec.conformance.deadline import configured_seconds
 from kvspec.conformance.example_db import CountingDatabase, audit_key
 from kvspec.conformance.layers import (
+    LAYER_NAMES,
     LAYERS,
     Layer,
     LayerUnavailable,
@@ -317,6 +318,22 @@ def _verdict(steps: int, failing: bool, excluded: bool) -> str:
     return "FAIL" if failing else "excluded" if excluded else "ok" if steps else "not reached"
 
 
+def warm_up(layers: Iterable[str] = LAYER_NAMES) -> None:
+    """Do the slow first-time work before any step runs: importing vLLM's modules where vLLM
+    is installed (impl binds its event classes to vLLM's, `impl.host_types`) and, for the
+    block table, torch's first tensor. Under a step deadline on a loaded machine that work,
+    mostly C code the deadline's signal cannot interrupt, would read as a target that does not
+    return (`deadline`)."""
+    from kvspec.impl import host_types
+
+    host_types.bound_to()
+    if "block-table" in layers:
+        with contextlib.suppress(ImportError):
+            import torch
+
+            torch.zeros(1).sum()
+
+
 def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
               scope: str = "all", seed_base: int | None = None,
               progress: ProgressHook | None = None,
@@ -348,6 +365,7 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
     if seed_base is None:
         seed_base = random.randrange(2**31)
     version = vllm_version() if target == "vllm" or target.startswith("vllm.") else None
+    warm_up(names)
     start = time.perf_counter()
     replay = None if database is None else Replay(database, target, profile.value, policy)
     results: list[LayerResult] = []

@@ -308,11 +308,18 @@ def _retrying(write: Callable[[], None], seconds: float,
 def work(url: str, burst: bool, name: str | None = None) -> int:
     """``kvspec campaign worker``: an RQ worker on the campaign queue. The audit machinery is
     imported here, once, so that each job's forked work horse starts at once."""
+    import importlib
+
     from rq import Queue, Worker
 
-    import kvspec.conformance.audit
-    import kvspec.conformance.layers  # noqa: F401
+    # Preloaded for the work horses: each job's fork starts with the machines imported.
+    for module in ("audit", "layers", "free_queue_machine", "hash_map_machine", "pool_machine",
+                   "manager_machine", "attention_manager_machine", "block_table_machine",
+                   "offload_machine"):
+        importlib.import_module(f"kvspec.conformance.{module}")
+    from kvspec.conformance.audit import warm_up
 
+    warm_up()
     connection = redis_client(url, timeout=30.0)
     try:
         connection.ping()

@@ -1347,9 +1347,10 @@ class BlockPool(BlockOwner):
         return removed
 
     def _events_033(self) -> Any:
-        """The classes of 0.33's events: vLLM's own inside vLLM (``host_types``), else impl's
-        map-encoded 0.33 family (``kv_events.event_classes``)."""
-        if host_types.bound_to() == "vllm":
+        """The classes of 0.33's events: vLLM's own inside vLLM 0.33 (``host_types``), else
+        impl's map-encoded 0.33 family (``kv_events.event_classes``): next to vLLM 0.13 the
+        host's classes lack 0.33's fields, so a pool serving 0.33's API uses impl's."""
+        if host_types.bound_to() == "vllm" and host_profile.current().profile == "vllm-0.33":
             return _VllmEvents(host_types.BlockStored, host_types.BlockRemoved,
                                host_types.AllBlocksCleared)
         return event_classes("vllm-0.33")

@@ -121,3 +121,26 @@ def test_vllms_publisher_stream_conforms_live(side: str, tmp_path: Path) -> None
     held = [(p["group_idx"], p["medium"], p["held_copies"]) for p in report["partitions"]]
     print(f"vLLM {VERSION}, {side}: {report['batches']} batches, {report['events']} events, "
           f"(group, medium, held copies) {held}")
+
+
+def test_impl_pool_serving_033_next_to_vllm_013_publishes_033_events() -> None:
+    """impl's pool built for 0.33's API next to vLLM 0.13 (as ``kvspec audit --profile
+    vllm-0.33`` builds it there): vLLM 0.13's event classes lack 0.33's fields, so it uses
+    impl's map-encoded 0.33 family, which decodes as a 0.33 stream. Next to vLLM 0.33 it
+    uses vLLM's own."""
+    import msgspec
+
+    from kvspec.conformance.vllm_targets import request_for_033
+    from kvspec.impl.block_pool import BlockPool
+    from kvspec.spec.events import decode_batch
+
+    pool = BlockPool(4, True, 2, enable_kv_cache_events=True, vllm_api="0.33")
+    blocks = pool.get_new_blocks(1)
+    pool.cache_full_blocks(request_for_033([b"h" * 32], [1, 2]), blocks, 0, 1, 2, 0)
+    events = pool.take_events()
+    assert len(events) == 1
+    module = type(events[0]).__module__
+    assert module.startswith("vllm." if VERSION.startswith("0.33") else "kvspec."), module
+    payload = msgspec.msgpack.encode([0.0, events, None])
+    _, decoded, _ = decode_batch(payload)
+    assert len(decoded) == 1
