@@ -58,6 +58,9 @@ POLICIES = ("lru-lifo-unhashed", "priority", "pinned")
 POLICY_LAYERS = ("pool", "manager")
 # How long a shard's job may run past its budget before RQ kills it (shrinking, start-up).
 JOB_SLACK_SECONDS = 120
+# What a shard costs beyond its budget: the work horse's fork, the layer's build, the first
+# batch's start (measured about 1 s on a 2-core machine).
+SHARD_OVERHEAD = 1.0
 RETRIES = 2
 
 
@@ -106,8 +109,8 @@ def plan(campaign: str, target: str, database: str, budget: float, workers: int,
         (layer, profile, None) for profile in profiles for layer in layers]
     kinds += [(layer, profile, policy) for profile in profiles for policy in policies
               for layer in POLICY_LAYERS if layer in layers]
-    worker_seconds = 0.8 * budget * workers  # the rest: start-up, shrinking, the last shard
-    each = shard_budget or max(2.0, min(60.0, worker_seconds / len(kinds)))
+    worker_seconds = 0.9 * budget * workers  # the rest: start-up, shrinking, the last shard
+    each = shard_budget or max(2.0, min(60.0, worker_seconds / len(kinds) - SHARD_OVERHEAD))
     rounds = max(1, int(worker_seconds // (each * len(kinds))))
     shards = []
     for round_ in range(rounds):
@@ -484,6 +487,11 @@ def _run(options: CampaignOptions, campaign: str, url: str, shown_database: str,
               "run first and replay them before generating")
     event("plan", f"{len(shards)} shards of {shards[0].budget:.1f} s each on "
           f"{options.workers} local worker(s); queue {QUEUE!r} at {url}")
+    fits = int(options.budget * max(options.workers, 1) // (shards[0].budget + SHARD_OVERHEAD))
+    if fits < len(shards):
+        event("plan", f"the budget fits about {fits} of the {len(shards)} shards on "
+              f"{options.workers} worker(s); the rest are reported as not run unless more "
+              "workers join (raise --budget or --workers)")
     workers = [_spawn_worker(url, i, logs) for i in range(options.workers)]
     timeline: list[dict[str, Any]] = []
     lost_since: float | None = None

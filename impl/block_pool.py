@@ -1696,6 +1696,9 @@ class BlockPool(BlockOwner):
         self._insert_key(group_id, block_hash, owned, tokens)
         if stored is not None:
             self.kv_event_queue.append(stored)
+            # The group's block size, for a snapshot's BlockStored of this key (a group whose
+            # keys are all partial entries has stored no full block to take it from).
+            self._stored_block_sizes[group_id] = size
         if self.enable_kv_cache_events and self.max_pending_kv_events is not None:
             self._bound_kv_events()
         return key

@@ -395,7 +395,8 @@ def _bound_events(state: PoolState) -> PoolState:
     if pending < 2 * (len(keyed) + 1):
         return state
     # A key's group always has a size: a key is set with its Stored event, which records it
-    # (the 0 keeps this total over the arbitrary states CrossHair tries).
+    # (a full block's and a partial entry's alike; the 0 keeps this total over the arbitrary
+    # states CrossHair tries).
     sizes = dict(state.group_block_sizes)
     snapshot: tuple[Event, ...] = (Cleared(),) + tuple(
         Stored((external_hash(key),), None, (), sizes.get(int.from_bytes(key[-4:], "big"), 0),
@@ -659,10 +660,15 @@ def cache_full_blocks(
         token_ids=tuple(token_ids), block_size=block_size, lora_id=lora_id,
     ))
     if state.enable_events:
-        sizes = dict(state.group_block_sizes)
-        sizes[group_id] = block_size
-        state = replace(state, group_block_sizes=tuple(sorted(sizes.items())))
+        state = _record_block_size(state, group_id, block_size)
     return _bound_events(state)
+
+
+def _record_block_size(state: PoolState, group_id: int, block_size: int) -> PoolState:
+    """The group's block size from now on, as a snapshot's `Stored` gives it."""
+    sizes = dict(state.group_block_sizes)
+    sizes[group_id] = block_size
+    return replace(state, group_block_sizes=tuple(sorted(sizes.items())))
 
 
 def promotable(state: PoolState, block: BlockId, num_tokens: int) -> bool:
@@ -965,6 +971,10 @@ def cache_partial_block(
                   if num_hash_blocks > 1 else None)
         state = _emit(state, Stored((external_hash(key),), parent, tuple(token_ids),
                                     num_tokens - start, lora_id))
+        if state.enable_events:
+            # The group's block size, for a snapshot's Stored of this key (`_bound_events`):
+            # a group whose keys are all partial entries stored no full block to record it.
+            state = _record_block_size(state, group_id, block_size)
     return _bound_events(state), key
 
 

@@ -91,3 +91,28 @@ def test_0_33_operations_refused_under_0_13() -> None:
         model.unpin_with_watcher(state, (a,))
     with pytest.raises(model.NotSupported):
         model.cache_partial_block(state, a, H, 2, 0, 2, 2)
+
+
+def test_a_snapshot_gives_a_partial_entrys_group_its_block_size() -> None:
+    """A group whose only key is a partial entry: the snapshot after a collapse gives that
+    key the group's block size (4), in the spec and in impl. A campaign found the spec giving
+    0 and impl the hash block size (docs/campaign.md)."""
+    from kvspec.conformance.vllm_targets import request_for_033
+
+    state = model.new_pool(6, True, True, Profile.V0_33, max_pending_events=1)
+    state, (a, _) = model.get_new_blocks(state, 2)
+    for _ in range(3):  # each replaces the key: a removal and a store, until the collapse
+        state, _key = model.cache_partial_block(state, a, H, 2, 0, 4, 2, (5, 5),
+                                                replace_existing=True)
+    snapshot = [e for e in state.events[state.num_taken:] if isinstance(e, Stored)]
+    assert state.num_collapses == 1 and [e.block_size for e in snapshot] == [4]
+
+    pool = BlockPool(6, True, 2, enable_kv_cache_events=True, max_pending_kv_events=1,
+                     vllm_api="0.33")
+    block = pool.get_new_blocks(2)[0]
+    for _ in range(3):
+        pool.cache_partial_block(request_for_033(list(H), [5, 5, 5, 5]), block, 2, 0, 4,
+                                 replace_existing_hashes=True)
+    sizes = [getattr(e, "block_size", None) for e in pool.take_events()
+             if type(e).__name__.startswith("BlockStored")]
+    assert sizes == [4]
