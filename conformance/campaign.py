@@ -86,8 +86,12 @@ class Shard:
 
     @property
     def label(self) -> str:
-        """The layer as the report shows it: a policy's shard is ``pool/priority``."""
-        return self.layer if self.policy is None else f"{self.layer}/{self.policy}"
+        return layer_label(self.layer, self.policy)
+
+
+def layer_label(layer: str, policy: str | None) -> str:
+    """A shard's layer as the report shows it: a policy's shard is ``pool/priority``."""
+    return layer if not policy else f"{layer}/{policy}"
 
 
 def failure_id(target: str, profile: str, label: str, failure: Any) -> str:
@@ -612,8 +616,7 @@ def merge(store: CampaignStore, options: CampaignOptions, database: str,
     coverage: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for job, record in sorted(records.items()):
         result = results.get(job, {})
-        label = record["layer"] if not record.get("policy") else \
-            f"{record['layer']}/{record['policy']}"
+        label = layer_label(record["layer"], record.get("policy"))
         shards.append({
             "job": job, "layer": label, "target": record.get("target", options.target),
             "profile": record["profile"], "policy": record.get("policy"),
@@ -643,8 +646,7 @@ def merge(store: CampaignStore, options: CampaignOptions, database: str,
     reached_when: list[tuple[float, set[tuple[str, str, str, str]]]] = []
     for job, result in results.items():
         record = records.get(job, {})
-        label = record.get("layer", "") if not record.get("policy") else \
-            f"{record.get('layer')}/{record.get('policy')}"
+        label = layer_label(record.get("layer", ""), record.get("policy"))
         names = {(label, record.get("profile", ""), row["kind"], row["name"])
                  for row in result.get("rows", []) if row["steps"]}
         names |= {(label, record.get("profile", ""), "event", name)
