@@ -11,10 +11,10 @@ VLLM ?= 0.13.0
 VLLM_PYTHON ?=
 CROSSHAIR_TIMEOUT ?= 4
 # Modules whose PEP 316 contracts CrossHair checks in `make check`.
-CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.spec.pool_programs kvspec.spec.hashing \
+CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.conformance.pool_programs kvspec.spec.hashing \
 	kvspec.spec.slot_mapping kvspec.spec.attention_rules kvspec.spec.manager kvspec.spec.event_consumer kvspec.spec.event_stream \
 	kvspec.spec.free_queue kvspec.spec.hash_map kvspec.spec.eviction kvspec.spec.events \
-	kvspec.spec.offload kvspec.spec.offload_programs
+	kvspec.spec.offload kvspec.conformance.offload_programs
 
 .PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests \
 	vllm-loop vllm-check clean
