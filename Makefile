@@ -76,9 +76,11 @@ audit-vllm: vllm-env
 # vLLM's own tests/v1/core, on real vLLM and with kvspec in place (docs/vllm-tests.md).
 # DOWNLOADS vLLM's source distribution (18 MB for 0.13.0) from PyPI into build/vllm-src/ on
 # first use, checked by sha256; only its tests/ are extracted, into build/vllm-tests-$(VLLM)/.
+# BOTH_BUILDS=1: with kvspec's compiled build and with its Python sources, both compared with
+# one run on real vLLM (what CI does).
 vllm-tests: vllm-env
 	@echo "vllm-tests: downloads vLLM $(VLLM)'s source distribution from PyPI into build/vllm-src/ (once; checked by sha256)"
-	.venv-vllm-$(VLLM)/bin/python scripts/vllm_tests.py $(VLLM)
+	.venv-vllm-$(VLLM)/bin/python scripts/vllm_tests.py $(VLLM) $(if $(BOTH_BUILDS),--both-builds,)
 
 # vLLM's real Scheduler driven for thousands of steps, once with vLLM's KV-cache manager and
 # once with kvspec's through the plugin; every step's output must match (nothing downloaded).

@@ -5,7 +5,9 @@
 against a pinned sha256), extracts its tests/ tree into build/vllm-tests-<version>/ and runs
 ``tests/v1/core`` there twice with pytest: once plain, on real vLLM, and once with
 ``-p kvspec.vllm_plugin``, which puts kvspec.impl's modules in place of vLLM's before the test
-modules are imported. Nothing from vLLM's sources is kept in this repository.
+modules are imported. With ``--both-builds`` (``make vllm-tests BOTH_BUILDS=1``) kvspec runs a
+third time, from its Python sources, and each build is compared with the one run on real
+vLLM. Nothing from vLLM's sources is kept in this repository.
 
 Both runs use ``--noconftest`` (vLLM's root conftest imports packages the CPU environment
 lacks) and ``HF_HUB_OFFLINE=1`` (a test that needs the model hub then fails at once, on both
@@ -552,8 +554,10 @@ PYTEST_OWN_FAILURES = {2: "interrupted", 3: "internal error", 4: "usage error",
 KVSPEC_HEADER = "kvspec in place of vLLM"  # kvspec.vllm_plugin's pytest report header
 
 
-def _pytest_env(side: str) -> dict[str, str]:
+def _pytest_env(side: str, pure: bool = False) -> dict[str, str]:
     env = dict(os.environ)
+    if pure:  # kvspec from its Python sources, whatever build this process has
+        env["KVSPEC_PURE_PYTHON"] = "1"
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     # The plugin's switch: on for kvspec's run, so any vLLM process a test starts uses
@@ -566,7 +570,7 @@ def _pytest_env(side: str) -> dict[str, str]:
 
 
 def _run_pytest(side: str, root: Path, targets: list[str], name: str,
-                timeout: float) -> tuple[int | None, Path, Path]:
+                timeout: float, pure: bool = False) -> tuple[int | None, Path, Path]:
     """One pytest run from the extracted root. Returns its exit status (None on timeout),
     its JUnit XML path (absent when pytest died before writing it) and its log."""
     xml = root / f"{name}.xml"
@@ -582,7 +586,7 @@ def _run_pytest(side: str, root: Path, targets: list[str], name: str,
         stream.write(" ".join(command) + "\n\n")
         stream.flush()
         try:
-            status: int | None = subprocess.run(command, cwd=root, env=_pytest_env(side),
+            status: int | None = subprocess.run(command, cwd=root, env=_pytest_env(side, pure),
                                                 stdout=stream, stderr=subprocess.STDOUT,
                                                 timeout=timeout, check=False).returncode
         except subprocess.TimeoutExpired:
@@ -605,25 +609,27 @@ def _log_tail(log: Path, lines: int = 25) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def run_side(side: str, root: Path, tests: str, timeout: float) -> dict[str, CaseResult]:
-    """Every test's outcome in one run of ``tests`` on ``side``. Should pytest die without
-    a report (a crash in compiled code, a hang), each test file is run on its own so that
-    the others still count and the culprit is named."""
-    status, xml, log = _run_pytest(side, root, [tests], side, timeout)
+def run_side(side: str, root: Path, tests: str, timeout: float,
+             pure: bool = False) -> dict[str, CaseResult]:
+    """Every test's outcome in one run of ``tests`` on ``side`` (``pure``: kvspec's Python
+    sources). Should pytest die without a report (a crash in compiled code, a hang), each
+    test file is run on its own so that the others still count and the culprit is named."""
+    name = f"{side}-pure" if pure else side
+    status, xml, log = _run_pytest(side, root, [tests], name, timeout, pure)
     if status in PYTEST_OWN_FAILURES:
-        raise SetupError(f"pytest's {side} run ended with {PYTEST_OWN_FAILURES[status]} "
+        raise SetupError(f"pytest's {name} run ended with {PYTEST_OWN_FAILURES[status]} "
                          f"(status {status}); {log}:\n{_log_tail(log)}")
     if status in (0, 1) and xml.exists():
         results = parse_junit(xml.read_text())
     else:
-        print(f"vllm-tests: the {side} run {_how_it_ended(status)} without a report ({log}); "
+        print(f"vllm-tests: the {name} run {_how_it_ended(status)} without a report ({log}); "
               "running each test file on its own", flush=True)
         results = {}
         target = root / tests
         for path in [target] if target.is_file() else sorted(target.rglob("test_*.py")):
             file = path.relative_to(root).as_posix()
-            status, xml, file_log = _run_pytest(side, root, [file], f"{side}-{path.stem}",
-                                                timeout)
+            status, xml, file_log = _run_pytest(side, root, [file], f"{name}-{path.stem}",
+                                                timeout, pure)
             if status == 5:  # a file without tests
                 continue
             if status in (0, 1) and xml.exists():
@@ -677,7 +683,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index-url", default=DEFAULT_INDEX,
                         help=f"simple package index (default {DEFAULT_INDEX})")
     parser.add_argument("--json", type=Path, default=None,
-                        help="where to write the result (default build/vllm-tests-VERSION.json)")
+                        help="where to write the result (default build/vllm-tests-VERSION.json;"
+                             " the --both-builds pure run's goes beside it, -pure.json)")
+    parser.add_argument("--both-builds", action="store_true",
+                        help="also run the tests with kvspec's Python sources in place, "
+                             "compared with the same run on real vLLM (CI does)")
     parser.add_argument("--list-not-compared", action="store_true",
                         help="list each test that does not pass on real vLLM here")
     args = parser.parse_args(argv)
@@ -691,35 +701,50 @@ def main(argv: list[str] | None = None) -> int:
         if not (root / args.tests).exists():
             raise SetupError(f"vLLM {version}'s sources have no {args.tests}")
         build = _kvspec_build()
+        # kvspec's runs: this process's build, and its Python sources too where asked and
+        # this build is not already them. One run on real vLLM serves every kvspec run.
+        builds = [(build, False)]
+        if args.both_builds and build == "compiled build":
+            builds.append(("Python sources, KVSPEC_PURE_PYTHON=1", True))
         started = time.monotonic()
-        for what in ("on real vLLM", f"with kvspec in place ({build})"):
+        for what in ("on real vLLM", *(f"with kvspec in place ({b})" for b, _ in builds)):
             print(f"vllm-tests: running vLLM's {args.tests} {what}", flush=True)
-        # The two sides share nothing but the extracted sources (each writes its own log and
+        # The runs share nothing but the extracted sources (each writes its own log and
         # report), so they run side by side where there is a core for each.
-        workers = min(len(SIDES), os.cpu_count() or 1)
+        workers = min(1 + len(builds), os.cpu_count() or 1)
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            runs = {side: pool.submit(run_side, side, root, args.tests, args.timeout)
-                    for side in SIDES}
-            results = {side: run.result() for side, run in runs.items()}
-        if not any(r.outcome == "passed" for r in results["real"].values()):
+            real_run = pool.submit(run_side, "real", root, args.tests, args.timeout)
+            kvspec_runs = [pool.submit(run_side, "kvspec", root, args.tests, args.timeout,
+                                       pure) for _, pure in builds]
+            real = real_run.result()
+            kvspec_results = [run.result() for run in kvspec_runs]
+        if not any(r.outcome == "passed" for r in real.values()):
             raise SetupError(f"no test passes on real vLLM; see {root / 'real.log'}")
     except SetupError as error:
         print(f"vllm-tests: set-up error: {error}", file=sys.stderr)
         return 2
 
-    comparison = compare(results["real"], results["kvspec"], left_out)
-    heading = (f"vLLM {version}'s {args.tests} on real vLLM, and with kvspec ({build}) in "
-               f"place of its KV-cache modules\n({time.monotonic() - started:.0f} s; logs: "
-               f"{root.relative_to(ROOT)}/real.log and kvspec.log)")
-    print(render(comparison, heading, list_not_compared=args.list_not_compared))
-    print()
-    print(summary_line(comparison))
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result_json(
-        comparison, vllm=version, tests=args.tests, kvspec_build=build,
-        sdist={"file": sdist.name, "sha256": digest}), indent=1) + "\n")
-    print(f"vllm-tests: result in {json_path}")
-    return 1 if comparison.unexplained else 0
+    seconds = time.monotonic() - started
+    status = 0
+    for (build_name, pure), results in zip(builds, kvspec_results, strict=True):
+        comparison = compare(real, results, left_out)
+        log = "kvspec-pure.log" if pure else "kvspec.log"
+        heading = (f"vLLM {version}'s {args.tests} on real vLLM, and with kvspec "
+                   f"({build_name}) in place of its KV-cache modules\n({seconds:.0f} s for "
+                   f"every run; logs: {root.relative_to(ROOT)}/real.log and {log})")
+        print(render(comparison, heading, list_not_compared=args.list_not_compared))
+        print()
+        print(summary_line(comparison))
+        path = json_path.with_name(f"{json_path.stem}-pure{json_path.suffix}") if pure \
+            else json_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result_json(
+            comparison, vllm=version, tests=args.tests, kvspec_build=build_name,
+            sdist={"file": sdist.name, "sha256": digest}), indent=1) + "\n")
+        print(f"vllm-tests: result in {path}\n")
+        if comparison.unexplained:
+            status = 1
+    return status
 
 
 if __name__ == "__main__":

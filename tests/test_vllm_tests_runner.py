@@ -421,3 +421,38 @@ def test_the_real_run_never_has_kvspec_switched_on(monkeypatch: pytest.MonkeyPat
     real = runner._pytest_env("real")
     assert "VLLM_USE_KVSPEC" not in real and real["HF_HUB_OFFLINE"] == "1"
     assert runner._pytest_env("kvspec")["VLLM_USE_KVSPEC"] == "1"
+
+
+def test_both_builds_share_one_run_on_real_vllm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--both-builds: vLLM's tests run once on real vLLM and once per kvspec build, each build
+    compared with that one real run and reported (summary line, JSON) on its own."""
+    monkeypatch.setattr(runner, "check_interpreter", lambda version: None)
+    monkeypatch.setattr(runner, "fetch_sdist", lambda version, index: (tmp_path / "v.tgz", "d"))
+    monkeypatch.setattr(runner, "ROOT", tmp_path)
+    root = tmp_path / "vllm-tests"
+    (root / CORE).mkdir(parents=True)
+    monkeypatch.setattr(runner, "extract_tests", lambda sdist, digest, version: root)
+    monkeypatch.setattr(runner, "_kvspec_build", lambda: "compiled build")
+    monkeypatch.setattr(runner, "parse_left_out", lambda text, version: {})
+    runs: list[tuple[str, bool]] = []
+    test_a = "tests/v1/core/test_x.py::test_a"
+
+    def fake_run_side(side: str, where: Path, tests: str, timeout: float,
+                      pure: bool = False) -> dict[str, Any]:
+        runs.append((side, pure))
+        outcome = "failed" if pure else "passed"  # only the pure build fails the test
+        return {test_a: runner.CaseResult(test_a, "tests/v1/core/test_x.py", outcome, "boom")}
+
+    monkeypatch.setattr(runner, "run_side", fake_run_side)
+    json_path = tmp_path / "result.json"
+    assert runner.main(["0.13.0", "--both-builds", "--json", str(json_path)]) == 1
+    assert sorted(runs) == [("kvspec", False), ("kvspec", True), ("real", False)]
+    out = capsys.readouterr().out
+    summaries = [line for line in out.splitlines() if re.match(r"^vllm-tests: \d+ pass", line)]
+    assert len(summaries) == 2
+    assert summaries[0].endswith(": ok") and summaries[1].endswith("UNEXPLAINED: FAIL")
+    assert json.loads(json_path.read_text())["verdict"] == "ok"
+    pure = json.loads((tmp_path / "result-pure.json").read_text())
+    assert pure["verdict"] == "fail" and pure["kvspec_build"].startswith("Python sources")
