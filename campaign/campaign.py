@@ -7,16 +7,16 @@ the server take them (``kvspec campaign worker --database redis://...``); RQ han
 one worker at a time, retries a crashed one (`Retry`) and keeps what still fails in its
 failed-job registry. This module runs no queue of its own.
 
-A shard is `run_audit` with the shared example database (`example_db`): it replays every
+A shard is `run_audit` with the shared example database (`redis_db`): it replays every
 failure saved for its machine before generating anything, and saves each failure the moment
 Hypothesis finds it (through a spool on the worker's disk, so an unreachable or restarting
 server loses nothing). What it reaches (steps per rule and invariant, `hypothesis.event`
 labels) and what it finds go to the campaign's records in the same Redis (`CampaignStore`);
 the controller (`run_campaign`) shows progress, merges them into one `CampaignData` and writes
-the terminal table and the HTML page (`campaign_report`).
+the terminal table and the HTML page (`report`).
 
 On one machine with no ``--database``, the controller starts a real Redis server of its own
-(`example_db.LocalRedisServer`, its data in ``.kvspec/redis``), and stops it at the end after
+(`redis_db.LocalRedisServer`, its data in ``.kvspec/redis``), and stops it at the end after
 exporting the examples to ``.kvspec/examples``, which ``kvspec audit`` (so ``make audit``)
 replays.
 """
@@ -38,16 +38,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvspec.conformance.example_db import (
-    EXPORTED,
-    STATE_DIR,
+from kvspec.campaign.redis_db import (
     LocalRedisServer,
     RedisUnavailable,
     SpooledDatabase,
+    environment_database,
     export,
     redis_client,
     shared_database,
 )
+from kvspec.conformance.example_db import EXPORTED, STATE_DIR
 
 QUEUE = "kvspec-campaign"
 PREFIX = "kvspec:campaign"
@@ -62,6 +62,14 @@ JOB_SLACK_SECONDS = 120
 # batch's start (measured about 1 s on a 2-core machine).
 SHARD_OVERHEAD = 1.0
 RETRIES = 2
+
+
+def missing_package() -> str | None:
+    """The name of the package a campaign needs that is not installed (redis, rq), or None."""
+    import importlib.util
+
+    return next((name for name in ("redis", "rq") if importlib.util.find_spec(name) is None),
+                None)
 
 
 def _redis_errors() -> tuple[type[BaseException], ...]:
@@ -227,7 +235,7 @@ def run_shard(values: dict[str, Any]) -> dict[str, Any]:
         # A job left from a campaign that has ended (its controller gone): nothing to do.
         store.update_shard(shard.job, status="skipped", worker=worker_name())
         return {"status": "skipped"}
-    load_profile()
+    load_profile(environment_database())
     campaign_start = float(meta.get("started", started))
     unreachable: list[str] = []
 
@@ -608,7 +616,7 @@ def _check_jobs(queue: Any, records: dict[str, dict[str, Any]], store: CampaignS
 
 def merge(store: CampaignStore, options: CampaignOptions, database: str,
           timeline: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The campaign's records merged into `campaign_report.CampaignData`."""
+    """The campaign's records merged into `report.CampaignData`."""
     meta = store.meta()
     records = store.shards()
     results = store.results()
@@ -679,8 +687,8 @@ def _numbered(failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _write_report(data: dict[str, Any], report_dir: Path) -> None:
-    from kvspec.conformance import campaign_report
+    from kvspec.campaign import report
 
     (report_dir / "campaign.json").write_text(json.dumps(data, indent=1))
-    campaign_report.write_html(data, report_dir / "report.html")  # type: ignore[arg-type]
-    (report_dir / "report.txt").write_text(campaign_report.render_table(data))  # type: ignore[arg-type]
+    report.write_html(data, report_dir / "report.html")  # type: ignore[arg-type]
+    (report_dir / "report.txt").write_text(report.render_table(data))  # type: ignore[arg-type]
