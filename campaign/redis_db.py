@@ -246,14 +246,20 @@ def shared_keys(url: str) -> list[bytes]:
 
 def export(url: str, directory: Path) -> int:
     """Copy every kvspec example of the shared database at url into a directory database
-    (what ``make audit`` on this machine replays); returns how many examples it holds."""
+    (what ``make audit`` on this machine replays); returns how many examples it holds.
+    Raises RedisUnavailable when no Redis answers at url."""
+    import redis
+
     shared = shared_database(url)
     local = DirectoryBasedExampleDatabase(str(directory))
     count = 0
-    for key in shared_keys(url):
-        for value in shared.fetch(key):
-            local.save(key, value)
-            count += 1
+    try:
+        for key in shared_keys(url):
+            for value in shared.fetch(key):
+                local.save(key, value)
+                count += 1
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+        raise RedisUnavailable(f"no Redis answers at {url}: {error}") from None
     return count
 
 
