@@ -96,7 +96,7 @@ def _framed_records(data: bytes, path: Path) -> Iterator[Record]:
         at += 12 + size
 
 
-# --- vLLM's messages ---------------------------------------------------------------------------
+# --- vLLM's messages ----------------------------------------------------------------------------
 
 
 def parse_message(frames: Sequence[bytes]) -> tuple[int, bytes] | str:
@@ -116,7 +116,7 @@ def parse_replay_message(frames: Sequence[bytes]) -> tuple[int, bytes] | str:
     return parse_message(body)
 
 
-# --- Checking a file ---------------------------------------------------------------------------
+# --- Checking a file ----------------------------------------------------------------------------
 
 
 def check_file(path: Path, assume_from_start: bool = True) -> CheckResult:
