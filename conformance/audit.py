@@ -344,9 +344,9 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
     that has not returned after ``step_deadline`` seconds (default: ``KVSPEC_STEP_DEADLINE``
     or `deadline.DEFAULT_SECONDS`; 0: none) is a discrepancy. With ``policy`` (an eviction
     policy's name, `spec.eviction`), the pool and manager layers run under that policy
-    (`layers.policy_layer`) and the other layers are left out. With ``database``
-    (`example_db.open_database`), each layer replays the failures saved there first and saves
-    what it finds."""
+    (`layers.policy_layer`) and the other layers are left out. With ``database`` (an example
+    database object: the CLI opens it, `kvspec.campaign.redis_db.open_database`), each layer
+    replays the failures saved there first and saves what it finds."""
     import random
 
     from kvspec.conformance.vllm_targets import vllm_version

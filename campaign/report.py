@@ -10,7 +10,7 @@ the page shows.
 Standard library only: the page is generated as text, so the report works in any environment
 the audit runs in (no plotting library to install next to vLLM's pins).
 
-``python -m kvspec.conformance.campaign_report CAMPAIGN.json [OUT.html]`` renders a saved
+``python -m kvspec.campaign.report CAMPAIGN.json [OUT.html]`` renders a saved
 campaign again: the table on stdout and, with OUT.html, the page.
 """
 
@@ -823,7 +823,7 @@ def write_html(data: CampaignData, path: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not 1 <= len(args) <= 2:
-        print("usage: python -m kvspec.conformance.campaign_report CAMPAIGN.json [OUT.html]",
+        print("usage: python -m kvspec.campaign.report CAMPAIGN.json [OUT.html]",
               file=sys.stderr)
         return 2
     data: CampaignData = json.loads(Path(args[0]).read_text())

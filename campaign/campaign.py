@@ -7,16 +7,16 @@ the server take them (``kvspec campaign worker --database redis://...``); RQ han
 one worker at a time, retries a crashed one (`Retry`) and keeps what still fails in its
 failed-job registry. This module runs no queue of its own.
 
-A shard is `run_audit` with the shared example database (`example_db`): it replays every
+A shard is `run_audit` with the shared example database (`redis_db`): it replays every
 failure saved for its machine before generating anything, and saves each failure the moment
 Hypothesis finds it (through a spool on the worker's disk, so an unreachable or restarting
 server loses nothing). What it reaches (steps per rule and invariant, `hypothesis.event`
 labels) and what it finds go to the campaign's records in the same Redis (`CampaignStore`);
 the controller (`run_campaign`) shows progress, merges them into one `CampaignData` and writes
-the terminal table and the HTML page (`campaign_report`).
+the terminal table and the HTML page (`report`).
 
 On one machine with no ``--database``, the controller starts a real Redis server of its own
-(`example_db.LocalRedisServer`, its data in ``.kvspec/redis``), and stops it at the end after
+(`redis_db.LocalRedisServer`, its data in ``.kvspec/redis``), and stops it at the end after
 exporting the examples to ``.kvspec/examples``, which ``kvspec audit`` (so ``make audit``)
 replays.
 """
@@ -38,16 +38,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvspec.conformance.example_db import (
-    EXPORTED,
-    STATE_DIR,
+from kvspec.campaign.redis_db import (
     LocalRedisServer,
     RedisUnavailable,
     SpooledDatabase,
+    environment_database,
     export,
     redis_client,
     shared_database,
 )
+from kvspec.conformance.example_db import EXPORTED, STATE_DIR
 
 QUEUE = "kvspec-campaign"
 PREFIX = "kvspec:campaign"
@@ -62,6 +62,19 @@ JOB_SLACK_SECONDS = 120
 # batch's start (measured about 1 s on a 2-core machine).
 SHARD_OVERHEAD = 1.0
 RETRIES = 2
+# How long the controller waits for its local workers to listen (start-up: Python, torch, the
+# machines, `audit.warm_up`) before it queues the shards anyway: the budget counts from then.
+WORKERS_START_SECONDS = 180.0
+# Set in the environment of the workers a controller starts: its process id (`work`).
+CONTROLLER_VARIABLE = "KVSPEC_CAMPAIGN_CONTROLLER"
+
+
+def missing_package() -> str | None:
+    """The name of the package a campaign needs that is not installed (redis, rq), or None."""
+    import importlib.util
+
+    return next((name for name in ("redis", "rq") if importlib.util.find_spec(name) is None),
+                None)
 
 
 def _redis_errors() -> tuple[type[BaseException], ...]:
@@ -106,16 +119,21 @@ def plan(campaign: str, target: str, database: str, budget: float, workers: int,
          first: Callable[[str, str, str], bool] | None = None) -> list[Shard]:
     """The shards of a campaign: every (layer, profile) and every (policy layer, profile,
     policy), then more rounds of them from new seeds while the budget lasts. Each shard gets
-    ``shard_budget`` seconds (default: the workers' time shared out so one round fits, at
-    most 60 s). Shards for which ``first(label, profile)`` is true (a failure is known) go
-    first, so that a later campaign replays known failures before anything else."""
+    ``shard_budget`` seconds (default: the budget shared out so that one round fits, at most
+    60 s). ``workers`` run the shards in waves, one shard each at a time, and each shard costs
+    `SHARD_OVERHEAD` beyond its own budget: 3 shards on 2 workers are 2 waves, not 1.5.
+    Shards for which ``first(label, profile)`` is true (a failure is known) go first, so that
+    a later campaign replays known failures before anything else."""
     kinds: list[tuple[str, str, str | None]] = [
         (layer, profile, None) for profile in profiles for layer in layers]
     kinds += [(layer, profile, policy) for profile in profiles for policy in policies
               for layer in POLICY_LAYERS if layer in layers]
-    worker_seconds = 0.9 * budget * workers  # the rest: start-up, shrinking, the last shard
-    each = shard_budget or max(2.0, min(60.0, worker_seconds / len(kinds) - SHARD_OVERHEAD))
-    rounds = max(1, int(worker_seconds // (each * len(kinds))))
+    seconds = 0.9 * budget  # the rest: shrinking, the last shard's end
+    waves = -(-len(kinds) // workers) if workers else 0  # 0: only remote workers, unknown
+    each = shard_budget or max(2.0, min(60.0, (seconds / waves if waves else 0.0)
+                                        - SHARD_OVERHEAD))
+    shards_that_fit = int(seconds // (each + SHARD_OVERHEAD)) * workers
+    rounds = max(1, shards_that_fit // len(kinds))
     shards = []
     for round_ in range(rounds):
         for index, (layer, profile, policy) in enumerate(kinds):
@@ -206,6 +224,12 @@ class CampaignStore:
 
 # -- a shard, in a worker --------------------------------------------------------------------
 
+def local_worker_name(pid: int) -> str:
+    """The RQ name of the worker process ``pid`` on this machine (its controller waits for
+    it by this name, `_listening`)."""
+    return f"kvspec-{socket.gethostname()}-{pid}"
+
+
 def worker_name() -> str:
     """The worker running this shard, as ``host:pid`` of the RQ worker (the shard itself runs
     in the work horse RQ forks from it for each job)."""
@@ -227,7 +251,7 @@ def run_shard(values: dict[str, Any]) -> dict[str, Any]:
         # A job left from a campaign that has ended (its controller gone): nothing to do.
         store.update_shard(shard.job, status="skipped", worker=worker_name())
         return {"status": "skipped"}
-    load_profile()
+    load_profile(environment_database())
     campaign_start = float(meta.get("started", started))
     unreachable: list[str] = []
 
@@ -314,7 +338,11 @@ def _retrying(write: Callable[[], None], seconds: float,
 
 def work(url: str, burst: bool, name: str | None = None) -> int:
     """``kvspec campaign worker``: an RQ worker on the campaign queue. The audit machinery is
-    imported here, once, so that each job's forked work horse starts at once."""
+    imported here, once, so that each job's forked work horse starts at once.
+
+    A worker that a controller started (`CONTROLLER_VARIABLE` names the controller's process)
+    listens until the controller stops it, and stops by itself (RQ's warm shutdown: its
+    current shard ends first) if the controller is gone."""
     import importlib
 
     from rq import Queue, Worker
@@ -334,10 +362,26 @@ def work(url: str, burst: bool, name: str | None = None) -> int:
         print(f"kvspec campaign worker: error: no Redis answers at {url} ({error})",
               file=sys.stderr)
         return 2
-    name = name or f"kvspec-{socket.gethostname()}-{os.getpid()}"
+    name = name or local_worker_name(os.getpid())
+    controller = os.environ.get(CONTROLLER_VARIABLE)
+    if controller:
+        _stop_when_gone(int(controller))
     worker = Worker([Queue(QUEUE, connection=connection)], connection=connection, name=name)
     worker.work(burst=burst, logging_level="WARNING", with_scheduler=False)
     return 0
+
+
+def _stop_when_gone(controller: int) -> None:
+    """SIGTERM this worker (RQ's warm shutdown) once its parent is no longer ``controller``:
+    a controller killed outright leaves no worker listening for ever."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == controller:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="kvspec-controller-watch", daemon=True).start()
 
 
 # -- the controller --------------------------------------------------------------------------
@@ -394,13 +438,27 @@ class _Progress:
 
 
 def _spawn_worker(url: str, index: int, logs: Path) -> subprocess.Popen[bytes]:
+    """A local worker. Not ``--burst``: it starts before the shards are queued (`_listening`)
+    and listens until the controller stops it (`_stop_workers`), or stops by itself when the
+    controller is gone (`CONTROLLER_VARIABLE`)."""
     log = open(logs / f"worker-{index}.log", "ab")  # noqa: SIM115 (the child's)
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvspec.cli", "campaign", "worker", "--database", url, "--burst"],
+        [sys.executable, "-m", "kvspec.cli", "campaign", "worker", "--database", url],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env=dict(os.environ, **{CONTROLLER_VARIABLE: str(os.getpid())}),
         start_new_session=True)  # its own group: stopping it stops its work horse too
     log.close()
     return process
+
+
+def _listening(queue: Any, workers: list[subprocess.Popen[bytes]]) -> bool:
+    """Whether every local worker still running listens on the queue (RQ registered it)."""
+    from rq import Worker
+
+    prefix = Worker.redis_worker_namespace_prefix
+    names = {key.removeprefix(prefix) for key in Worker.all_keys(queue=queue)}
+    return all(process.poll() is not None or local_worker_name(process.pid) in names
+               for process in workers)
 
 
 def _stop_workers(workers: list[subprocess.Popen[bytes]], timeout: float = 10.0) -> None:
@@ -464,10 +522,6 @@ def _run(options: CampaignOptions, campaign: str, url: str, shown_database: str,
     shards = plan(campaign, options.target, url, options.budget, options.workers, layers,
                   options.profiles, options.policies, seed, options.shard_budget,
                   first=lambda target, profile, label: (target, profile, label) in known)
-    deadline = started + options.budget
-    store.start({"campaign": campaign, "started": started, "budget": options.budget,
-                 "deadline": deadline + JOB_SLACK_SECONDS, "target": options.target,
-                 "workers": options.workers, "database": shown_database, "seed": seed})
     events: list[dict[str, Any]] = []
 
     def event(kind: str, text: str) -> None:
@@ -482,10 +536,21 @@ def _run(options: CampaignOptions, campaign: str, url: str, shown_database: str,
     for shard in shards:
         store.update_shard(shard.job, status="queued", attempts=0, **{
             k: v for k, v in asdict(shard).items() if k not in ("campaign", "database", "job")})
-        queue.enqueue(run_shard, asdict(shard), job_id=shard.job,
-                      job_timeout=int(shard.budget + JOB_SLACK_SECONDS),
-                      retry=Retry(max=RETRIES), result_ttl=7 * 86400,
-                      failure_ttl=30 * 86400, description=f"kvspec shard {shard.job}")
+
+    def start_work() -> float:
+        """Queue the shards; the budget counts from now."""
+        now = time.time()
+        store.start({"campaign": campaign, "started": started, "budget": options.budget,
+                     "deadline": now + options.budget + JOB_SLACK_SECONDS,
+                     "target": options.target, "workers": options.workers,
+                     "database": shown_database, "seed": seed})
+        for shard in shards:
+            queue.enqueue(run_shard, asdict(shard), job_id=shard.job,
+                          job_timeout=int(shard.budget + JOB_SLACK_SECONDS),
+                          retry=Retry(max=RETRIES), result_ttl=7 * 86400,
+                          failure_ttl=30 * 86400, description=f"kvspec shard {shard.job}")
+        return now
+
     if known:
         event("replay", f"{len(known)} known failure kind(s) in the database: their shards "
               "run first and replay them before generating")
@@ -496,7 +561,12 @@ def _run(options: CampaignOptions, campaign: str, url: str, shown_database: str,
         event("plan", f"the budget fits about {fits} of the {len(shards)} shards on "
               f"{options.workers} worker(s); the rest are reported as not run unless more "
               "workers join (raise --budget or --workers)")
+    # The shards are queued once every local worker listens, and the budget counts from then:
+    # a worker's start-up (slow on a loaded machine) is not the campaign's time, and a first
+    # wave of shards goes to every local worker, not to the first one up.
     workers = [_spawn_worker(url, i, logs) for i in range(options.workers)]
+    work_started: float | None = None
+    deadline = started + WORKERS_START_SECONDS + options.budget
     timeline: list[dict[str, Any]] = []
     lost_since: float | None = None
     seen_attempts: dict[str, int] = {}
@@ -511,6 +581,15 @@ def _run(options: CampaignOptions, campaign: str, url: str, shown_database: str,
                     event("redis", f"Redis at {url} answers again after "
                           f"{now - lost_since:.0f} s")
                     lost_since = None
+                if work_started is None and (_listening(queue, workers)
+                                             or now - started > WORKERS_START_SECONDS):
+                    work_started = start_work()
+                    deadline = work_started + options.budget
+                    if workers:
+                        listening = sum(process.poll() is None for process in workers)
+                        event("plan", f"{listening} local worker(s) listening after "
+                              f"{work_started - started:.0f} s; shards queued, the budget "
+                              "counts from now")
                 StartedJobRegistry(QUEUE, connection=connection).cleanup()
             except _redis_errors() as error:
                 if lost_since is None:
@@ -536,7 +615,10 @@ def _run(options: CampaignOptions, campaign: str, url: str, shown_database: str,
                      "failures": len(store.failures()),
                      "reached": 0}
             timeline.append(point)
-            say.show(f"[{now - started:5.0f}s/{options.budget:.0f}s] shards {len(done)}/"
+            if work_started is None:  # waiting for the local workers to listen
+                time.sleep(0.2)
+                continue
+            say.show(f"[{now - work_started:5.0f}s/{options.budget:.0f}s] shards {len(done)}/"
                      f"{len(job_ids)} done, {len(running)} running | {point['examples']:,} "
                      f"examples, {point['steps']:,} steps | failures {point['failures']}")
             if len(done) == len(job_ids):
@@ -565,12 +647,13 @@ def _run(options: CampaignOptions, campaign: str, url: str, shown_database: str,
     finally:
         _stop_workers(workers)
     say.show("done")
+    unreadable: tuple[type[BaseException], ...] = (RedisUnavailable, *_redis_errors())
     try:
         data = merge(store, options, shown_database, timeline, events)
         exported = export(url, EXPORTED)
         event("export", f"{exported} example(s) exported to {EXPORTED} (kvspec audit "
               "replays them)")
-    except _redis_errors() as error:
+    except unreadable as error:
         say.say(f"could not read the campaign's records from {url}: {error}")
         return CampaignOutcome({}, 2, report_dir, message or str(error))
     data["events"] = events
@@ -608,7 +691,7 @@ def _check_jobs(queue: Any, records: dict[str, dict[str, Any]], store: CampaignS
 
 def merge(store: CampaignStore, options: CampaignOptions, database: str,
           timeline: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The campaign's records merged into `campaign_report.CampaignData`."""
+    """The campaign's records merged into `report.CampaignData`."""
     meta = store.meta()
     records = store.shards()
     results = store.results()
@@ -679,8 +762,8 @@ def _numbered(failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _write_report(data: dict[str, Any], report_dir: Path) -> None:
-    from kvspec.conformance import campaign_report
+    from kvspec.campaign import report
 
     (report_dir / "campaign.json").write_text(json.dumps(data, indent=1))
-    campaign_report.write_html(data, report_dir / "report.html")  # type: ignore[arg-type]
-    (report_dir / "report.txt").write_text(campaign_report.render_table(data))  # type: ignore[arg-type]
+    report.write_html(data, report_dir / "report.html")  # type: ignore[arg-type]
+    (report_dir / "report.txt").write_text(report.render_table(data))  # type: ignore[arg-type]

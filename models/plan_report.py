@@ -1,27 +1,20 @@
-"""``kvspec plan MODEL --memory 80GiB``: a model's KV-cache groups and what a budget holds.
+"""A memory plan from ``kvspec plan``'s option texts, and the plan shown as text or JSON.
 
-``add_plan_parser(subparsers)`` adds the ``plan`` sub-command to an argparse parser (its
-handler is ``args.func``, i.e. ``run_plan``); ``python -m kvspec.models.cli plan`` runs it alone.
-
-A bad value (an unknown model, a memory size or count that cannot be read or is out of range)
-is one line on stderr, ``kvspec plan: error: ...`` naming it, and exit status 2: numbers are
-read here, not by argparse, so that its usage text does not bury the error. argparse's own
-usage errors (neither or both of ``--memory`` and ``--num-blocks``) exit 2 as usual.
+`plan_from_options` reads the options as the user typed them (an unknown model, a memory size
+or count that cannot be read or is out of range raises a typed error naming it: the command
+prints it on one line, exit status 2); numbers are read here, not by argparse, so that its
+usage text does not bury the error. `render_plan` is the text ``kvspec plan`` prints,
+`plan_to_dict` its ``--json``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import sys
-from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any
 
-from kvspec.models.layout import InvalidLayout, ModelLayout, UnknownModelError, get_layout
+from kvspec.models.layout import ModelLayout, get_layout
 from kvspec.models.plan import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    InvalidMemorySize,
     InvalidPlanArgument,
     MemoryPlan,
     format_bytes,
@@ -30,45 +23,7 @@ from kvspec.models.plan import (
     shown,
 )
 
-__all__ = ["add_plan_parser", "main", "plan_to_dict", "render_plan", "run_plan"]
-
-_DESCRIPTION = """\
-Show how vLLM 0.13 lays out MODEL's KV cache: its KV-cache groups (layer kinds and counts),
-each group's spec and page size, the bytes one block costs, how many blocks and tokens the
-memory budget holds, the longest request that fits, and how many requests of the model's full
-length fit at once. MODEL is a name from models/data (case-insensitive; the Hugging Face repo id
-works too)."""
-
-
-def add_plan_parser(subparsers: Any) -> None:
-    """Add the ``plan`` sub-command to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
-    parser = subparsers.add_parser(
-        "plan",
-        help="show a model's KV-cache groups, page sizes and what a memory budget holds",
-        description=_DESCRIPTION,
-    )
-    parser.add_argument("model", help="model name, e.g. Llama-3.1-8B")
-    budget = parser.add_mutually_exclusive_group(required=True)
-    budget.add_argument(
-        "--memory", help="KV-cache memory, e.g. 80GiB, 80GB, 512MiB or a byte count"
-    )
-    budget.add_argument(
-        "--num-blocks", help="plan for this many blocks (null block included)"
-    )
-    parser.add_argument(
-        "--block-size", default=16, help="tokens per block (default 16)"
-    )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        help=f"chunked-prefill step, bounds sliding/chunked windows "
-        f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS})",
-    )
-    parser.add_argument(
-        "--max-model-len", help="longest request (default: the model's own limit)"
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    parser.set_defaults(func=run_plan)
+__all__ = ["VLLM_BLOCK_SIZES", "plan_from_options", "plan_to_dict", "render_plan"]
 
 
 def plan_to_dict(plan: MemoryPlan) -> dict[str, Any]:
@@ -181,48 +136,30 @@ def _integer(option: str, value: object) -> int | None:
     return int(text)
 
 
-def _fail(message: str, stderr: TextIO) -> int:
-    print(f"kvspec plan: error: {message}", file=stderr)
-    return 2
+def plan_from_options(model: str, *, memory: str | None, num_blocks: str | None,
+                      block_size: str | int | None, max_num_batched_tokens: str | int | None,
+                      max_model_len: str | None) -> MemoryPlan:
+    """The plan for ``model`` (a name from models/data) and the options' texts (an int where
+    the option's default is one): ``memory`` (e.g. ``80GiB``) or ``num_blocks``, and the block
+    size, prefill chunk and longest request.
 
-
-def run_plan(args: argparse.Namespace) -> int:
-    """Run ``plan`` for parsed ``args``; 0 on success, 2 on a bad model name or argument."""
-    try:
-        layout = get_layout(args.model)
-    except UnknownModelError as error:
-        return _fail(str(error), sys.stderr)
-    try:
-        memory = None if args.memory is None else parse_memory(args.memory)
-        block_size = _integer("--block-size", args.block_size)
-        if block_size is not None and block_size not in VLLM_BLOCK_SIZES:
-            raise InvalidPlanArgument(
-                f"--block-size must be one of the block sizes vLLM takes (its "
-                f"CacheConfig.block_size: {', '.join(map(str, VLLM_BLOCK_SIZES))}), got "
-                f"{shown(args.block_size)}")
-        batched = _integer("--max-num-batched-tokens", args.max_num_batched_tokens)
-        plan = plan_memory(
-            layout,
-            memory_bytes=memory,
-            num_blocks=_integer("--num-blocks", args.num_blocks),
-            block_size=16 if block_size is None else block_size,
-            max_model_len=_integer("--max-model-len", args.max_model_len),
-            max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if batched is None else batched,
-        )
-    except (InvalidMemorySize, InvalidPlanArgument, InvalidLayout) as error:
-        return _fail(str(error), sys.stderr)
-    print(json.dumps(plan_to_dict(plan), indent=2) if args.json else render_plan(plan))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvspec.models.cli")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    add_plan_parser(subparsers)
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raises: UnknownModelError (the model), InvalidMemorySize, InvalidPlanArgument,
+    InvalidLayout (a value, named in the message)
+    """
+    layout = get_layout(model)
+    memory_bytes = None if memory is None else parse_memory(memory)
+    size = _integer("--block-size", block_size)
+    if size is not None and size not in VLLM_BLOCK_SIZES:
+        raise InvalidPlanArgument(
+            f"--block-size must be one of the block sizes vLLM takes (its "
+            f"CacheConfig.block_size: {', '.join(map(str, VLLM_BLOCK_SIZES))}), got "
+            f"{shown(block_size)}")
+    batched = _integer("--max-num-batched-tokens", max_num_batched_tokens)
+    return plan_memory(
+        layout,
+        memory_bytes=memory_bytes,
+        num_blocks=_integer("--num-blocks", num_blocks),
+        block_size=16 if size is None else size,
+        max_model_len=_integer("--max-model-len", max_model_len),
+        max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS if batched is None else batched,
+    )
