@@ -52,13 +52,14 @@ def offload_policy(manager: Any) -> Any:
     return manager._policy
 
 
-def lru_ranks(policy: Any) -> Mapping[Any, int]:
-    """Key -> recency rank in vLLM 0.33's LRU offload policy (higher is more recent).
+def lru_ranks(policy: Any) -> Mapping[Any, Any]:
+    """Key -> recency rank in vLLM 0.33's LRU offload policy (comparable values, a tuple in
+    0.33; greater is more recent).
 
     Reads ``LRUCachePolicy._ranks`` (vllm/v1/kv_offload/cpu/policies/lru.py). The policy's
     public ``chunks`` dict is not kept in recency order (a touch re-ranks a key without moving
     it), so the order the spec compares, least recent first, is only in the ranks."""
-    ranks: Mapping[Any, int] = policy._ranks
+    ranks: Mapping[Any, Any] = policy._ranks
     return ranks
 
 
