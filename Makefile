@@ -85,9 +85,9 @@ vllm-tests: vllm-env
 # vLLM's real Scheduler driven for thousands of steps, once with vLLM's KV-cache manager and
 # once with kvspec's through the plugin; every step's output must match (nothing downloaded).
 # 0.33.x: vLLM's own managers over vLLM's BlockPool and over kvspec's (hybrid Mamba included).
-VLLM_LOOP_TEST = $(if $(filter 0.33.%,$(VLLM)),tests/test_vllm_scheduler_loop_033.py,tests/test_vllm_scheduler_loop.py)
+# The test serves the release of the environment it runs in.
 vllm-loop: vllm-env
-	.venv-vllm-$(VLLM)/bin/python -m pytest -q -p no:cacheprovider $(VLLM_LOOP_TEST)
+	.venv-vllm-$(VLLM)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_scheduler_loop.py
 
 # Everything that needs the vLLM environment and gates: the scheduler loop, and kvspec's own
 # tests that compare with vLLM when its environment exists (hash bytes, event bytes, planning,

@@ -120,7 +120,9 @@ def make_trace(name: str, quick: bool = False, seed: int = 0) -> Trace:
     return trace
 
 
-def _impl_manager(num_blocks: int, policy: str) -> Any:
+def impl_manager(num_blocks: int, policy: str) -> Any:
+    """kvspec's KVCacheManager for the traces: one full-attention group of ``num_blocks``
+    blocks, evicting by ``policy`` (a name ``make_policy`` knows)."""
     from kvspec.impl.eviction import make_policy
     from kvspec.impl.kv_cache_interface import (
         FullAttentionSpec,
@@ -138,7 +140,9 @@ def _impl_manager(num_blocks: int, policy: str) -> Any:
                           eviction_policy=make_policy(policy))
 
 
-def _impl_requests(trace: Trace, policy: str) -> list[Any]:
+def impl_requests(trace: Trace, policy: str) -> list[Any]:
+    """``trace``'s requests as kvspec's ``Request``, with the retention hints ``policy``
+    reads (the priority policy's; none for the others)."""
     from kvspec.impl.eviction import TokenRangeRetention
     from kvspec.impl.hashing import get_request_block_hasher, sha256
     from kvspec.impl.request import Request
@@ -204,8 +208,8 @@ def run(quick: bool = False, traces: tuple[str, ...] = ("agent", "chat"),
         trace = make_trace(name, quick)
         vllm = bench_manager.vllm_side(trace.num_blocks, MAX_MODEL_LEN)
         sides: list[tuple[str, str, Callable[[], Any], Callable[[], list[Any]]]] = [
-            ("kvspec", p, functools.partial(_impl_manager, trace.num_blocks, p),
-             functools.partial(_impl_requests, trace, p)) for p in policies]
+            ("kvspec", p, functools.partial(impl_manager, trace.num_blocks, p),
+             functools.partial(impl_requests, trace, p)) for p in policies]
         if vllm is not None and "lru" in policies:
             prompts = [r.prompt for r in trace.requests]
             sides.append(("vllm", "lru", vllm.make_manager,

@@ -200,8 +200,8 @@ class _TieredManager:
 def serve_trace(trace: bench_policies.Trace,
                 tier: OffloadTier | None = None) -> tuple[int, int, int]:
     """Serve the trace through bench_policies' loop: GPU hit, CPU hit, prompt tokens."""
-    gpu = bench_policies._impl_manager(trace.num_blocks, GPU_POLICY)
-    requests = bench_policies._impl_requests(trace, GPU_POLICY)
+    gpu = bench_policies.impl_manager(trace.num_blocks, GPU_POLICY)
+    requests = bench_policies.impl_requests(trace, GPU_POLICY)
     manager = gpu if tier is None else _TieredManager(gpu, tier)
     _, _, hit_tokens, prompt_tokens = bench_policies.serve(manager, requests, trace)
     if tier is None:
@@ -215,7 +215,7 @@ def prefix_ceiling(trace: bench_policies.Trace) -> int:
     that some earlier request computed (the bound that no tier size can pass)."""
     seen: set[Any] = set()
     hits = 0
-    for request in bench_policies._impl_requests(trace, GPU_POLICY):
+    for request in bench_policies.impl_requests(trace, GPU_POLICY):
         hashes = request.block_hashes
         run = 0
         while run < len(hashes) and hashes[run] in seen:

@@ -122,22 +122,30 @@ def _module_rows(name: str, quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _scheduler_rows(release: str, quick: bool) -> list[dict[str, Any]]:
+    """benchmarks/bench_scheduler.py's rows for one vLLM release (none where this interpreter
+    imports another)."""
+    from benchmarks import bench_scheduler
+
+    return bench_scheduler.run(quick=quick, release=release)
+
+
 SECTIONS: dict[str, Callable[[bool], list[dict[str, Any]]]] = {
     "pool": pool_rows,
     "checker": checker_rows,
     "manager": lambda quick: _module_rows("bench_manager", quick),
     "block_table": lambda quick: _module_rows("bench_block_table", quick),
-    # vLLM's own Scheduler stepping with each manager: the step and its KV-cache share.
-    "scheduler": lambda quick: _module_rows("bench_scheduler", quick),
+    # vLLM 0.13's own Scheduler stepping with each manager: the step and its KV-cache share.
+    "scheduler": lambda quick: _scheduler_rows("0.13", quick),
     # vLLM 0.33's Scheduler with vLLM's BlockPool vs kvspec's (--vllm-python of a 0.33 env).
-    "scheduler033": lambda quick: _module_rows("bench_scheduler_033", quick),
+    "scheduler033": lambda quick: _scheduler_rows("0.33", quick),
     # Memory and speed over ~10M block operations on a 1M-block pool, impl/ alone.
     "soak": lambda quick: _module_rows("bench_soak", quick),
     # The KV offloading managers (impl/kv_offload/) against vLLM 0.13's or 0.33's.
     "offload": lambda quick: _module_rows("bench_offload", quick),
 }
 # Run only when --only names them: the soak takes minutes (benchmarks/bench_soak.py),
-# scheduler033 needs a vLLM 0.33 interpreter (benchmarks/bench_scheduler_033.py), and the
+# scheduler033 needs a vLLM 0.33 interpreter (benchmarks/bench_scheduler.py), and the
 # offloading managers' full run (1M keys) takes minutes (benchmarks/bench_offload.py).
 OPT_IN = frozenset({"soak", "scheduler033", "offload"})
 

@@ -1,8 +1,10 @@
-"""vLLM 0.13's real ``Scheduler`` on a CPU, and a seeded workload to drive it with.
+"""vLLM's real ``Scheduler`` on a CPU, 0.13 or 0.33, and a seeded workload to drive it with.
 
 What benchmarks/bench_scheduler.py (the time of one step) and tests/vllm_loop.py (vLLM's
-KV-cache manager against kvspec's, step by step) share. It needs vLLM, and imports it only
-inside its functions, so that this module imports without it.
+KV-cache code against kvspec's, step by step) share. It needs vLLM, and imports it only
+inside its functions, so that this module imports without it. Each function serves the
+release of vLLM this interpreter imports (``vllm_release()``), or the one it is given; where
+the releases differ, the difference is written once, in the function that meets it, with why.
 
 Building the scheduler on a CPU with nothing downloaded (``build_scheduler``): a folder holding
 only a small ``config.json`` of a Llama model, read with ``skip_tokenizer_init=True``. Its
@@ -10,8 +12,9 @@ architecture is a stand-in registered with vLLM's ``ModelRegistry`` (``STAND_IN_
 inspects a model's class when it builds a ``ModelConfig``, and inspecting
 ``LlamaForCausalLM`` imports vLLM's model code in a subprocess, which fails in
 .venv-vllm-0.13.0 (no ``einops``) and takes seconds where it works; the scheduler never
-touches the model. The ``KVCacheConfig`` is made here: one full-attention group, or a
-full-attention and a sliding-window group (``Workload.sliding_window``).
+touches the model. The ``KVCacheConfig`` is made here: one full-attention group, plus a
+sliding-window group (``Workload.sliding_window``) or a Mamba group in align mode
+(``Workload.mamba``, vLLM 0.33).
 
 A workload (``Workload``) is a seeded stream of what happens to an engine: requests arrive
 with prompts that share popular prefixes (some repeat an earlier prompt exactly, some carry a
@@ -27,10 +30,11 @@ so a request's tokens do not depend on how it was scheduled; a request stops at 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,23 @@ BLOCK_SIZE = 16
 VOCAB = 32_000
 EOS_TOKEN_ID = 2
 STAND_IN_ARCH = "KvspecLoopForCausalLM"
+RELEASES = ("0.13", "0.33")
 
+
+class UnsupportedRelease(ValueError):
+    """A vLLM release the scheduler loop and bench have no recipe for."""
+
+
+def vllm_release(version: str | None = None) -> str:
+    """``"0.13"`` or ``"0.33"``: the release of ``version``, or of the vLLM this interpreter
+    has installed; `UnsupportedRelease` for any other."""
+    if version is None:
+        version = importlib.metadata.version("vllm")
+    for release in RELEASES:
+        if version == release or version.startswith(f"{release}."):
+            return release
+    raise UnsupportedRelease(f"vLLM {version!r}: the scheduler loop knows vLLM "
+                             f"{' and '.join(f'{r}.x' for r in RELEASES)}")
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,9 @@ class Workload:
     num_gpu_blocks: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    block_size: int = BLOCK_SIZE
+    # Tokens per block hash; below block_size vLLM 0.33 enables partial (sub-block) hits.
+    hash_block_size: int = BLOCK_SIZE
     max_model_len: int = 1024
     num_prefixes: int = 8
     prefix_tokens: tuple[int, int] = (16, 160)
@@ -67,56 +90,18 @@ class Workload:
     reset_running_rate: float = 0.0
     eos_rate: float = 0.02
     priority: bool = False
+    # Whether each request draws a LoRA adapter (with probability lora_rate). vLLM 0.33's loop
+    # workloads were written without LoRA and make no such draw, so that their request
+    # streams stay the ones compared (tests/vllm_loop.py).
+    lora: bool = True
     lora_rate: float = 0.0
     salt_rate: float = 0.0
     sliding_window: int | None = None
+    # A Mamba group beside full attention, in align mode (vLLM 0.33).
+    mamba: bool = False
     kv_cache_metrics: bool = False
     kv_events: bool = True
     log_stats: bool = True
-
-
-SHAPES: tuple[Workload, ...] = (
-    # Small token budget: prompts are prefilled in chunks over several steps.
-    Workload("chunked", seed=0, steps=1000, num_gpu_blocks=160, max_num_seqs=12,
-             max_num_batched_tokens=48, arrivals_per_step=0.35, quiet_every=150,
-             quiet_steps=50, reset_rate=0.05),
-    # A pool far too small for the load: running requests are preempted and resumed; some
-    # requests run up to the model length.
-    Workload("preempt", seed=0, steps=1000, num_gpu_blocks=40, max_num_seqs=16,
-             max_num_batched_tokens=192, prefix_tokens=(16, 96), suffix_tokens=(1, 32),
-             max_tokens=(8, 200), max_model_len=256, arrivals_per_step=0.8, abort_rate=0.05,
-             eos_rate=0.01, kv_cache_metrics=True),
-    # Priority scheduling, LoRA adapters and cache salts (other hash chains), forced resets.
-    Workload("priority", seed=0, steps=1000, num_gpu_blocks=64, max_num_seqs=10,
-             max_num_batched_tokens=96, num_prefixes=5, arrivals_per_step=0.6,
-             quiet_every=120, quiet_steps=40, reset_rate=0.03, reset_running_rate=0.01,
-             priority=True, lora_rate=0.3, salt_rate=0.2, repeat_prompt_rate=0.2),
-)
-# A full-attention group and a sliding-window group sharing one pool: a pool large enough
-# that running requests are never preempted, and one too small, where allocate_slots refuses
-# requests whose blocks have left the window (and frees those blocks first: D7,
-# docs/findings.md).
-HYBRID_SHAPES: tuple[Workload, ...] = (
-    Workload("hybrid", seed=0, steps=1000, num_gpu_blocks=200, max_num_seqs=8,
-             max_num_batched_tokens=64, prefix_tokens=(16, 128), suffix_tokens=(1, 40),
-             max_tokens=(4, 96), max_model_len=512, arrivals_per_step=0.5, quiet_every=160,
-             quiet_steps=70, reset_rate=0.05, sliding_window=48),
-    Workload("hybrid-preempt", seed=0, steps=1000, num_gpu_blocks=96, max_num_seqs=12,
-             max_num_batched_tokens=64, prefix_tokens=(16, 128), suffix_tokens=(1, 40),
-             max_tokens=(4, 96), max_model_len=512, arrivals_per_step=0.5, quiet_every=160,
-             quiet_steps=70, reset_rate=0.05, sliding_window=48),
-)
-SEEDS = (1, 2, 3)
-
-
-def _seeded(shapes: tuple[Workload, ...]) -> dict[str, Workload]:
-    return {f"{shape.name}-{seed}": replace(shape, name=f"{shape.name}-{seed}", seed=seed)
-            for shape in shapes for seed in SEEDS}
-
-
-WORKLOADS = _seeded(SHAPES)
-HYBRID_WORKLOADS = _seeded(HYBRID_SHAPES)
-ALL_WORKLOADS = {**WORKLOADS, **HYBRID_WORKLOADS}
 
 
 # -- building the scheduler -------------------------------------------------------------------
@@ -171,28 +156,31 @@ def register_stand_in_model() -> None:
     ModelRegistry.register_model(STAND_IN_ARCH, StandIn)
 
 
-def make_kv_cache_config(num_blocks: int, sliding_window: int | None = None) -> Any:
-    """vLLM's ``KVCacheConfig``: a full-attention group, plus a sliding-window one if asked."""
+def make_kv_cache_config(workload: Workload) -> Any:
+    """vLLM's ``KVCacheConfig``: a full-attention group, plus a sliding-window group or a
+    Mamba group (align mode) if the workload asks."""
     import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        SlidingWindowSpec,
-    )
+    from vllm.v1 import kv_cache_interface as kv
 
-    groups = [KVCacheGroupSpec(["model.layers.0.attn"],
-                               FullAttentionSpec(BLOCK_SIZE, 2, 16, torch.float16))]
-    if sliding_window is not None:
-        groups.append(KVCacheGroupSpec(
-            ["model.layers.1.attn"],
-            SlidingWindowSpec(BLOCK_SIZE, 2, 16, torch.float16, sliding_window=sliding_window)))
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    block_size = workload.block_size
+    groups = [kv.KVCacheGroupSpec(["model.layers.0.attn"], kv.FullAttentionSpec(
+        block_size=block_size, num_kv_heads=2, head_size=16, dtype=torch.float16))]
+    if workload.sliding_window is not None:
+        groups.append(kv.KVCacheGroupSpec(["model.layers.1.attn"], kv.SlidingWindowSpec(
+            block_size=block_size, num_kv_heads=2, head_size=16, dtype=torch.float16,
+            sliding_window=workload.sliding_window)))
+    if workload.mamba:
+        groups.append(kv.KVCacheGroupSpec(["model.layers.1.mixer"], kv.MambaSpec(
+            block_size=block_size, shapes=((1, 1),), dtypes=(torch.float32,),
+            mamba_cache_mode="align")))
+    return kv.KVCacheConfig(num_blocks=workload.num_gpu_blocks, kv_cache_tensors=[],
+                            kv_cache_groups=groups)
 
 
-def build_scheduler(workload: Workload, model_dir: Path) -> Any:
-    """vLLM's ``Scheduler`` for ``workload``, with whichever ``KVCacheManager`` its module
-    holds now (vLLM's, or kvspec's once the plugin is installed)."""
+def build_scheduler(workload: Workload, model_dir: Path, release: str | None = None) -> Any:
+    """vLLM's ``Scheduler`` for ``workload``, with the KV-cache code vLLM's modules hold now
+    (vLLM's, or kvspec's once the plugin is installed: its ``KVCacheManager`` under 0.13,
+    its ``BlockPool`` under 0.33)."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -205,6 +193,7 @@ def build_scheduler(workload: Workload, model_dir: Path) -> Any:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
+    release = release or vllm_release()
     register_stand_in_model()
     write_model_config(model_dir)
     model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
@@ -217,7 +206,9 @@ def build_scheduler(workload: Workload, model_dir: Path) -> Any:
         policy="priority" if workload.priority else "fcfs",
         is_encoder_decoder=False,
     )
-    cache_config = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True)
+    mamba: dict[str, Any] = {"mamba_cache_mode": "align"} if workload.mamba else {}
+    cache_config = CacheConfig(block_size=workload.block_size, enable_prefix_caching=True,
+                               **mamba)
     cache_config.num_gpu_blocks = workload.num_gpu_blocks
     vllm_config = VllmConfig(
         model_config=model_config,
@@ -229,16 +220,28 @@ def build_scheduler(workload: Workload, model_dir: Path) -> Any:
         observability_config=ObservabilityConfig(kv_cache_metrics=workload.kv_cache_metrics,
                                                  kv_cache_metrics_sample=1.0),
     )
+    hashing: dict[str, Any] = {}
+    if release == "0.33":
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+        # vLLM 0.33 finds each group's single-type manager in a registry that the engine
+        # fills from the config before it builds the scheduler; 0.13 maps spec classes to
+        # managers in a fixed table.
+        register_all_kvcache_specs(vllm_config)
+        # vLLM 0.33 hashes blocks in units of their own (hash_block_size), which may be finer
+        # than a KV-cache block; 0.13 hashes whole blocks and takes no such argument.
+        hashing["hash_block_size"] = workload.hash_block_size
     return Scheduler(
         vllm_config=vllm_config,
-        kv_cache_config=make_kv_cache_config(workload.num_gpu_blocks, workload.sliding_window),
+        kv_cache_config=make_kv_cache_config(workload),
         structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK_SIZE,
+        block_size=workload.block_size,
         log_stats=workload.log_stats,
+        **hashing,
     )
 
 
-def request_block_hasher() -> Callable[[Any], list[Any]]:
+def request_block_hasher(hash_block_size: int = BLOCK_SIZE) -> Callable[[Any], list[Any]]:
     """The block hasher of the ``kv_cache_utils`` vLLM's name resolves to now, seeded as
     vLLM's engine core seeds it (``init_none_hash`` with vLLM's sha256)."""
     from vllm.utils.hashing import sha256
@@ -246,16 +249,40 @@ def request_block_hasher() -> Callable[[Any], list[Any]]:
     kv_cache_utils = importlib.import_module("vllm.v1.core.kv_cache_utils")
     kv_cache_utils.init_none_hash(sha256)
     hasher: Callable[[Any], list[Any]] = kv_cache_utils.get_request_block_hasher(
-        BLOCK_SIZE, sha256)
+        hash_block_size, sha256)
     return hasher
+
+
+def make_request(release: str, request_id: str, prompt: list[int], max_tokens: int,
+                 arrival_time: float, block_hasher: Callable[[Any], list[Any]],
+                 lora: Any = None, cache_salt: str | None = None, priority: int = 0) -> Any:
+    """vLLM's ``Request`` as its engine hands it to the scheduler: sampling ``max_tokens``
+    and stopping at ``EOS_TOKEN_ID``."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    if release == "0.13":
+        # vLLM 0.13's Request takes the EOS token as an argument of its own.
+        return Request(request_id, prompt, SamplingParams(max_tokens=max_tokens), None,
+                       EOS_TOKEN_ID, arrival_time=arrival_time, lora_request=lora,
+                       cache_salt=cache_salt, priority=priority, block_hasher=block_hasher)
+    # vLLM 0.33's Request dropped that argument: it stops at the sampling parameters' EOS,
+    # which the engine sets from the model's generation config, as done here.
+    params = SamplingParams(max_tokens=max_tokens)
+    params.update_from_generation_config({}, EOS_TOKEN_ID)
+    return Request(request_id, prompt, params, None, arrival_time=arrival_time,
+                   lora_request=lora, cache_salt=cache_salt, priority=priority,
+                   block_hasher=block_hasher)
 
 
 class RequestStream:
     """The requests of a workload, in arrival order, built as vLLM's ``Request``."""
 
-    def __init__(self, workload: Workload, block_hasher: Callable[[Any], list[Any]]) -> None:
+    def __init__(self, workload: Workload, block_hasher: Callable[[Any], list[Any]],
+                 release: str | None = None) -> None:
         self.workload = workload
         self.block_hasher = block_hasher
+        self.release = release or vllm_release()
         self.rng = random.Random(f"{workload.seed}:prompts")
         self.prefixes = [self._tokens(self.rng.randint(*workload.prefix_tokens))
                          for _ in range(workload.num_prefixes)]
@@ -266,11 +293,18 @@ class RequestStream:
     def _tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(3, VOCAB) for _ in range(n)]
 
-    def next_request(self, arrival_time: float) -> Any:
-        from vllm import SamplingParams
+    def _lora(self) -> Any:
+        """A LoRA adapter for the next request, or None."""
+        if not self.workload.lora:
+            return None
         from vllm.lora.request import LoRARequest
-        from vllm.v1.request import Request
 
+        if self.rng.random() >= self.workload.lora_rate:
+            return None
+        adapter = self.rng.randint(1, 2)
+        return LoRARequest(f"adapter-{adapter}", adapter, f"/adapters/{adapter}")
+
+    def next_request(self, arrival_time: float) -> Any:
         w, rng = self.workload, self.rng
         if self.prompts and rng.random() < w.repeat_prompt_rate:
             prompt = list(rng.choice(self.prompts))
@@ -279,17 +313,13 @@ class RequestStream:
             prompt = prefix + self._tokens(rng.randint(*w.suffix_tokens))
         self.prompts.append(prompt)
         max_tokens = max(1, min(rng.randint(*w.max_tokens), w.max_model_len - len(prompt)))
-        lora = None
-        if rng.random() < w.lora_rate:
-            adapter = rng.randint(1, 2)
-            lora = LoRARequest(f"adapter-{adapter}", adapter, f"/adapters/{adapter}")
+        lora = self._lora()
         salt = f"tenant-{rng.randint(1, 2)}" if rng.random() < w.salt_rate else None
         priority = rng.randint(0, 3) if w.priority else 0
         request_id = f"r{self.count}"
         self.count += 1
-        return Request(request_id, prompt, SamplingParams(max_tokens=max_tokens), None,
-                       EOS_TOKEN_ID, arrival_time=arrival_time, lora_request=lora,
-                       cache_salt=salt, priority=priority, block_hasher=self.block_hasher)
+        return make_request(self.release, request_id, prompt, max_tokens, arrival_time,
+                            self.block_hasher, lora, salt, priority)
 
 
 class SimulatedModel:

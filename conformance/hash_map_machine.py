@@ -31,6 +31,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from kvspec.conformance import vllm_internals
 from kvspec.conformance.free_queue_machine import (
     TargetClasses,
     block_arg,
@@ -65,11 +66,6 @@ def map_api(map_class: Any) -> str:
     return "vllm-0.33" if hasattr(map_class, "contain") else "vllm-0.13"
 
 
-def _blocks_of(entry: Any) -> list[Any]:
-    """A vLLM ``_cache`` value (one block, or a dict block id -> block) as a list."""
-    return list(entry.values()) if isinstance(entry, dict) else [entry]
-
-
 BLOCK_ID_OR_NONE = Reader(lambda block: getattr(block, "block_id", None),
                           'getattr({}, "block_id", None)')
 
@@ -99,20 +95,18 @@ class MapAdapter(Adapter):
     }
 
     def view(self) -> MapView | None:
-        """key -> block ids: through ``items()`` where the map has it (impl), else vLLM's
-        ``_cache`` (a block, or a dict block id -> block, per key): vLLM has no public way to
-        list the map."""
+        """key -> block ids: through ``items()`` where the map has it (impl), else through
+        `vllm_internals.block_hash_map_entries`: vLLM has no public way to list the map."""
         if self.cache is None:
             return None
         if self.lists_items():
             return {key: tuple(b.block_id for b in blocks)
                     for key, blocks in self.cache.items()}
-        return {key: tuple(b.block_id for b in _blocks_of(entry))
-                for key, entry in self.cache._cache.items()}
+        return {key: tuple(b.block_id for b in blocks)
+                for key, blocks in vllm_internals.block_hash_map_entries(self.cache)}
 
     def lists_items(self) -> bool:
-        """Whether the map class lists its keys with ``items()`` (impl) or only holds them in
-        ``_cache`` (vLLM)."""
+        """Whether the map class lists its keys with ``items()`` (impl) or not (vLLM)."""
         return hasattr(self.classes.component, "items")
 
     def imports(self) -> list[str]:
@@ -122,8 +116,7 @@ class MapAdapter(Adapter):
         m = self.variable
         if self.lists_items():
             return f"{{key: tuple(b.block_id for b in blocks) for key, blocks in {m}.items()}}"
-        return (f"{{key: tuple(b.block_id for b in (entry.values() if isinstance(entry, dict) "
-                f"else [entry])) for key, entry in {m}._cache.items()}}")
+        return vllm_internals.block_hash_map_ids_source(m)
 
 
 def adapter_for(target: str) -> Callable[[], MapAdapter]:

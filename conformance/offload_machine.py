@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 from hypothesis import event, strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
+from kvspec.conformance import vllm_internals
 from kvspec.conformance.lockstep import (
     NOTHING,
     Adapter,
@@ -320,11 +321,11 @@ class Api033Adapter(Adapter):
                                tuple((_int_key(k), r) for k, r in m.t2_entries()),
                                tuple(map(_int_key, m.b1_keys())),
                                tuple(map(_int_key, m.b2_keys())), m.target_t1_size, events)
-        policy = m._policy
+        policy = vllm_internals.offload_policy(m)
         if self.policy == "lru":
             # Ranks are unique without key positions (the machine sets none): the rank order
             # is the recency order.
-            order = sorted(policy.chunks, key=policy._ranks.__getitem__)
+            order = sorted(policy.chunks, key=vllm_internals.lru_ranks(policy).__getitem__)
             return OffloadView(tuple((_int_key(k), policy.chunks[k].ref_cnt) for k in order),
                                events=events)
         return OffloadView(tuple((_int_key(k), c.ref_cnt) for k, c in policy.t1.items()),
@@ -344,15 +345,17 @@ class Api033Adapter(Adapter):
             m.check_representation()
             return
         refs = [c.ref_cnt for c in self._chunks()]
-        if m._num_evictable_cache_chunks != refs.count(0):
-            raise AssertionError(f"CPUOffloadingManager counts {m._num_evictable_cache_chunks} "
+        evictable = vllm_internals.evictable_chunk_count(m)
+        if evictable != refs.count(0):
+            raise AssertionError(f"CPUOffloadingManager counts {evictable} "
                                  f"evictable chunks; {refs.count(0)} have ref count 0")
-        if m._num_write_pending_chunks != refs.count(-1):
-            raise AssertionError(f"CPUOffloadingManager counts {m._num_write_pending_chunks} "
+        pending = vllm_internals.write_pending_chunk_count(m)
+        if pending != refs.count(-1):
+            raise AssertionError(f"CPUOffloadingManager counts {pending} "
                                  f"pending chunks; {refs.count(-1)} have ref count -1")
 
     def _chunks(self) -> list[Any]:
-        policy = self.manager._policy
+        policy = vllm_internals.offload_policy(self.manager)
         if self.policy == "lru":
             return list(policy.chunks.values())
         return [*policy.t1.values(), *policy.t2.values()]
@@ -393,7 +396,7 @@ def vllm_033_view(manager: Any) -> OffloadView | None:
     """A vLLM 0.33 manager's view (for written counterexamples)."""
     import vllm.v1.kv_offload.base as base
 
-    policy = "lru" if hasattr(manager._policy, "chunks") else "arc"
+    policy = "lru" if hasattr(vllm_internals.offload_policy(manager), "chunks") else "arc"
     return Api033Adapter(type(manager), base, manager=manager, policy=policy).view()
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from kvspec.conformance import vllm_internals
 from kvspec.conformance.lockstep import (
     NOTHING,
     Adapter,
@@ -176,9 +177,9 @@ def _map_entries(pool: Any) -> list[tuple[Key, tuple[int, ...]]]:
     cache_map = pool.cached_block_hash_to_block
     if hasattr(cache_map, "items"):
         return [(k, ids(v)) for k, v in cache_map.items()]
-    # vLLM: a bare block or {id: block}
-    return [(key, ids(value.values() if isinstance(value, dict) else [value]))
-            for key, value in cache_map._cache.items()]
+    # vLLM's map cannot list itself (vllm_internals says why).
+    return [(key, ids(blocks))
+            for key, blocks in vllm_internals.block_hash_map_entries(cache_map)]
 
 
 def pool_view(pool: Any) -> PoolView:

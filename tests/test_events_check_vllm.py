@@ -1,5 +1,5 @@
-"""``kvspec events check`` on vLLM's own publisher: vLLM's real Scheduler (tests/vllm_loop.py
-under 0.13, tests/vllm_loop_033.py under 0.33) with its ``kv_event_publisher`` set to vLLM's
+"""``kvspec events check`` on vLLM's own publisher: vLLM's real Scheduler (tests/vllm_loop.py,
+under 0.13 or 0.33) with its ``kv_event_publisher`` set to vLLM's
 ``ZmqEventPublisher`` (PUB and ROUTER replay on ipc sockets), once with vLLM's KV-cache code
 and once with kvspec's through the plugin; the checker consumes it live in another process,
 replaying what it missed before it subscribed, and must find nothing.
@@ -42,14 +42,10 @@ if side == "kvspec":
     from kvspec import vllm_plugin
     vllm_plugin.install()
 from vllm.distributed.kv_events import ZmqEventPublisher
-if release == "0.13":
-    from tests.vllm_loop import ALL_WORKLOADS, Engine, build_scheduler, request_block_hasher
-    workload = replace(ALL_WORKLOADS["priority-1"], steps=400)
-    make = lambda scheduler: Engine(workload, scheduler, request_block_hasher())
-else:
-    from tests.vllm_loop_033 import ALL_WORKLOADS, Engine, build_scheduler
-    workload = replace(ALL_WORKLOADS["mamba-1"], steps=400)
-    make = lambda scheduler: Engine(workload, scheduler)
+from tests.vllm_loop import LOOP_WORKLOADS, Engine, build_scheduler
+name = "priority-1" if release == "0.13" else "mamba-1"
+workload = replace(LOOP_WORKLOADS[release][name], steps=400)
+make = lambda scheduler: Engine(workload, scheduler, release)
 publisher = ZmqEventPublisher(0, endpoint=pub, replay_endpoint=replay, topic="kv")
 
 class Tee:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kvspec.conformance import vllm_internals
 from kvspec.spec import manager as M, pool as P
 from kvspec.spec.pool import NULL_BLOCK
 
@@ -330,12 +331,12 @@ class Vllm033:
         mamba: list[object] = []
         for m in self.managers:
             if getattr(m, "mamba_cache_mode", None) == "align":
-                rids = (set(m.last_state_block_idx) | set(m._num_retired_blocks)
-                        | set(m._allocated_block_reqs))
+                retired = vllm_internals.mamba_retired_blocks(m)
+                allocated = vllm_internals.mamba_allocated_requests(m)
+                rids = set(m.last_state_block_idx) | set(retired) | set(allocated)
                 mamba.append(tuple(sorted(
-                    (rid, M.MambaAlign(m.last_state_block_idx.get(rid),
-                                       m._num_retired_blocks.get(rid, 0),
-                                       rid in m._allocated_block_reqs)) for rid in rids)))
+                    (rid, M.MambaAlign(m.last_state_block_idx.get(rid), retired.get(rid, 0),
+                                       rid in allocated)) for rid in rids)))
             else:
                 mamba.append(())
         return {

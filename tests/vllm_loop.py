@@ -1,31 +1,48 @@
-"""vLLM 0.13's real ``Scheduler`` driven step by step, with simulated model outputs.
+"""vLLM's real ``Scheduler`` driven step by step, with simulated model outputs, under vLLM 0.13
+or 0.33.
 
-The driver behind tests/test_vllm_scheduler_loop.py (vLLM's KV-cache manager against
-kvspec's, step by step). The scheduler and the workloads are benchmarks/scheduler_loop.py's
-(shared with benchmarks/bench_scheduler.py, the time of one step). It needs vLLM, and imports
+The driver behind tests/test_vllm_scheduler_loop.py: vLLM's KV-cache code against kvspec's,
+step by step, in the release of vLLM this interpreter imports (or the one ``release`` names).
+The scheduler, the request stream and the model are benchmarks/scheduler_loop.py's (shared
+with benchmarks/bench_scheduler.py, the time of one step); how the scheduler is built on a
+CPU with nothing downloaded, and what a workload is, is said there. It needs vLLM, and imports
 it only inside its functions, so that this module imports without it.
 
-How the scheduler is built on a CPU with nothing downloaded, and what a workload is, is said
-there. One step is what vLLM's engine core does: ``schedule()`` then ``update_from_output()``
-(skipped, as the engine skips it, while the scheduler has nothing).
+What kvspec's plugin puts in place differs by release (docs/plugin.md), and so does what the
+loop watches besides the scheduler's output (``replaces_pool``):
 
-``run_trace`` records, per step, what the KV-cache manager decides and the scheduler passes
-on (``StepRecord``: block ids, computed and scheduled tokens, preempted and finished ids,
-common-prefix blocks, KV events, usage, prefix-cache stats, eviction samples, outputs, and
-the whole block table of every running request after the step) as
-plain JSON-able values, plus two views of the manager: ``empty_table_entries`` (used to
-explain M2, docs/findings.md) and, with a sliding-window group, ``RefusalWatcher``'s refused
-allocations that freed blocks (D7: both vLLM and kvspec free a request's out-of-window
-blocks before refusing it, so these are compared like the rest); ``first_difference``
-compares two traces and ``comparison_counts`` counts what was compared.
+- vLLM 0.13: ``kvspec.vllm_plugin.install()`` replaces the ``KVCacheManager`` (and the stack
+  under it). The workloads (``LOOP_WORKLOADS["0.13"]``) are chunked prefill, preemption,
+  priorities with LoRA and cache salts, and a full + sliding-window hybrid with a roomy and a
+  tight pool. Per step the loop also records ``empty_table_entries`` (to explain M2,
+  docs/findings.md) and, with a sliding-window group, ``RefusalWatcher``'s refused allocations
+  that freed blocks (D7: both vLLM and kvspec free a request's out-of-window blocks before
+  refusing it, so these are compared like the rest).
+- vLLM 0.33: ``install()`` replaces ``vllm.v1.core.block_pool`` only: vLLM 0.33's managers and
+  coordinators run over kvspec's pool. The workloads (``LOOP_WORKLOADS["0.33"]``) are
+  chunked prefill, preemption, priorities with forced resets, and a full-attention + Mamba
+  hybrid in ``mamba_cache_mode="align"`` with a roomy and a tight pool. The hybrid shapes give
+  the scheduler a ``block_size`` (64) coarser than its ``hash_block_size`` (16): vLLM 0.33 then
+  enables fine-grained (partial) hash hits (``partial_hash_hits_enabled``, vLLM #46384), and
+  ``MambaManager._cache_partial_tail_block`` registers a prompt's last hash boundary inside a
+  block through ``BlockPool.cache_partial_block``. ``PoolWatch`` counts and records those
+  calls, and the loop records the pool's free blocks, on each side.
+
+One step is what vLLM's engine core does: ``schedule()`` then ``update_from_output()``
+(skipped, as the engine skips it, while the scheduler has nothing). ``run_trace`` records, per
+step, what the KV-cache code decides and the scheduler passes on (``StepRecord``: block ids,
+computed and scheduled tokens, preempted and finished ids, common-prefix blocks, KV events,
+usage, prefix-cache stats, eviction samples, outputs, and the whole block table of every
+running request after the step) as plain JSON-able values, plus the release's watches above;
+``first_difference`` compares two traces and ``comparison_counts`` counts what was compared.
 
 ``python -m tests.vllm_loop --side vllm|kvspec --out FILE`` writes the traces of every
-workload to FILE. ``--side kvspec`` first installs kvspec's plugin
-(``kvspec.vllm_plugin.install``), after vLLM's scheduler module is imported, so the rebinding
-of names vLLM already took is what is exercised; with ``KVSPEC_MUTANT`` set it then plants
-that mutant (tests/mutants), so ``python -m tests.mutants`` can use the loop as a checker.
-Run it with PYTHONHASHSEED set (the test sets it): vLLM's ``init_none_hash`` seeds block
-hashes from it, and both sides must agree.
+workload of the interpreter's release to FILE. ``--side kvspec`` first installs kvspec's
+plugin (``kvspec.vllm_plugin.install``), after vLLM's scheduler module is imported, so the
+rebinding of names vLLM already took is what is exercised; with ``KVSPEC_MUTANT`` set it then
+plants that mutant (tests/mutants), so ``python -m tests.mutants`` can use the loop as a
+checker. Run it with PYTHONHASHSEED set (the test sets it): vLLM's ``init_none_hash`` seeds
+block hashes from it, and both sides must agree.
 """
 
 from __future__ import annotations
@@ -39,26 +56,106 @@ import random
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.scheduler_loop import (
-    ALL_WORKLOADS,
-    BLOCK_SIZE,
-    HYBRID_WORKLOADS,
-    WORKLOADS,
     RequestStream,
     SimulatedModel,
     Workload,
     build_scheduler,
     request_block_hasher,
+    vllm_release,
 )
 
-__all__ = ["ALL_WORKLOADS", "BLOCK_SIZE", "HYBRID_WORKLOADS", "WORKLOADS", "Workload",
-           "build_scheduler"]
+__all__ = ["LOOP_WORKLOADS", "Engine", "StepRecord", "Workload", "build_scheduler",
+           "comparison_counts", "first_difference", "run_trace", "summary", "vllm_release"]
 
 StepRecord = dict[str, Any]
+
+SEEDS = (1, 2, 3)
+
+
+def _seeded(shapes: tuple[Workload, ...]) -> dict[str, Workload]:
+    return {f"{shape.name}-{seed}": replace(shape, name=f"{shape.name}-{seed}", seed=seed)
+            for shape in shapes for seed in SEEDS}
+
+
+# vLLM 0.13's workloads: what its KV-cache manager (replaced by kvspec's) does.
+SHAPES_013: tuple[Workload, ...] = (
+    # Small token budget: prompts are prefilled in chunks over several steps.
+    Workload("chunked", seed=0, steps=1000, num_gpu_blocks=160, max_num_seqs=12,
+             max_num_batched_tokens=48, arrivals_per_step=0.35, quiet_every=150,
+             quiet_steps=50, reset_rate=0.05),
+    # A pool far too small for the load: running requests are preempted and resumed; some
+    # requests run up to the model length.
+    Workload("preempt", seed=0, steps=1000, num_gpu_blocks=40, max_num_seqs=16,
+             max_num_batched_tokens=192, prefix_tokens=(16, 96), suffix_tokens=(1, 32),
+             max_tokens=(8, 200), max_model_len=256, arrivals_per_step=0.8, abort_rate=0.05,
+             eos_rate=0.01, kv_cache_metrics=True),
+    # Priority scheduling, LoRA adapters and cache salts (other hash chains), forced resets.
+    Workload("priority", seed=0, steps=1000, num_gpu_blocks=64, max_num_seqs=10,
+             max_num_batched_tokens=96, num_prefixes=5, arrivals_per_step=0.6,
+             quiet_every=120, quiet_steps=40, reset_rate=0.03, reset_running_rate=0.01,
+             priority=True, lora_rate=0.3, salt_rate=0.2, repeat_prompt_rate=0.2),
+    # A full-attention group and a sliding-window group sharing one pool: a pool large enough
+    # that running requests are never preempted, and one too small, where allocate_slots
+    # refuses requests whose blocks have left the window (and frees those blocks first: D7,
+    # docs/findings.md).
+    Workload("hybrid", seed=0, steps=1000, num_gpu_blocks=200, max_num_seqs=8,
+             max_num_batched_tokens=64, prefix_tokens=(16, 128), suffix_tokens=(1, 40),
+             max_tokens=(4, 96), max_model_len=512, arrivals_per_step=0.5, quiet_every=160,
+             quiet_steps=70, reset_rate=0.05, sliding_window=48),
+    Workload("hybrid-preempt", seed=0, steps=1000, num_gpu_blocks=96, max_num_seqs=12,
+             max_num_batched_tokens=64, prefix_tokens=(16, 128), suffix_tokens=(1, 40),
+             max_tokens=(4, 96), max_model_len=512, arrivals_per_step=0.5, quiet_every=160,
+             quiet_steps=70, reset_rate=0.05, sliding_window=48),
+)
+
+# vLLM 0.33's workloads: what vLLM 0.33's managers ask of the pool (replaced by kvspec's).
+# Their requests draw no LoRA adapter (Workload.lora).
+SHAPES_033: tuple[Workload, ...] = tuple(replace(shape, lora=False) for shape in (
+    # Small token budget: prompts are prefilled in chunks over several steps; resets.
+    Workload("chunked", seed=0, steps=1200, num_gpu_blocks=160, max_num_seqs=12,
+             max_num_batched_tokens=48, arrivals_per_step=0.35, quiet_every=150,
+             quiet_steps=50, reset_rate=0.05, salt_rate=0.1),
+    # A pool far too small for the load: running requests are preempted and resumed.
+    Workload("preempt", seed=0, steps=1200, num_gpu_blocks=40, max_num_seqs=16,
+             max_num_batched_tokens=192, prefix_tokens=(16, 96), suffix_tokens=(1, 32),
+             max_tokens=(8, 200), max_model_len=256, arrivals_per_step=0.8, abort_rate=0.05,
+             eos_rate=0.01, reset_running_rate=0.01, kv_cache_metrics=True),
+    # Priority scheduling, cache salts, forced resets (reset_running_requests=True).
+    Workload("priority", seed=0, steps=1200, num_gpu_blocks=64, max_num_seqs=10,
+             max_num_batched_tokens=96, num_prefixes=5, arrivals_per_step=0.6,
+             quiet_every=120, quiet_steps=40, reset_rate=0.03, reset_running_rate=0.01,
+             priority=True, salt_rate=0.2, repeat_prompt_rate=0.2),
+    # Full attention + Mamba (align mode), 64-token blocks hashed every 16 tokens: partial
+    # prefix-cache entries (cache_partial_block), a roomy and a tight pool.
+    Workload("mamba", seed=0, steps=1000, num_gpu_blocks=96, max_num_seqs=8,
+             max_num_batched_tokens=128, block_size=64, hash_block_size=16, mamba=True,
+             prefix_tokens=(16, 200), suffix_tokens=(1, 60), max_tokens=(4, 64),
+             max_model_len=512, arrivals_per_step=0.4, quiet_every=125, quiet_steps=45,
+             repeat_prompt_rate=0.25, reset_rate=0.04),
+    Workload("mamba-preempt", seed=0, steps=1000, num_gpu_blocks=28, max_num_seqs=10,
+             max_num_batched_tokens=128, block_size=64, hash_block_size=16, mamba=True,
+             prefix_tokens=(16, 200), suffix_tokens=(1, 60), max_tokens=(8, 128),
+             max_model_len=512, arrivals_per_step=0.6, repeat_prompt_rate=0.25,
+             abort_rate=0.04, reset_rate=0.02, reset_running_rate=0.01),
+))
+
+# Each shape under three seeds: 15 workloads per release.
+LOOP_WORKLOADS: dict[str, dict[str, Workload]] = {
+    "0.13": _seeded(SHAPES_013), "0.33": _seeded(SHAPES_033)}
+
+
+def replaces_pool(release: str) -> bool:
+    """Whether kvspec's plugin replaces the pool alone (vLLM 0.33: vLLM's managers stay, so
+    the loop watches every call they make to the pool and the pool's free blocks) or the
+    KV-cache manager with the stack under it (vLLM 0.13: the loop watches the manager's
+    tables, whose M2 entries differ; kvspec's pool sits inside kvspec's manager there, and
+    0.13's pool has no partial entries to watch)."""
+    return release == "0.33"
 
 
 class RefusalWatcher:
@@ -86,6 +183,31 @@ class RefusalWatcher:
         return blocks
 
 
+class PoolWatch:
+    """Stands between vLLM's single-type managers and their block pool, forwarding
+    everything, and records each ``cache_partial_block`` call: the request, the block, the
+    tokens it covers, the group and whether it returned a hash. The same on both sides."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.partial_calls: list[list[Any]] = []
+        self.total_partial_calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pool, name)
+
+    def cache_partial_block(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.pool.cache_partial_block(*args, **kwargs)
+        request, block = kwargs.get("request"), kwargs.get("block")
+        self.total_partial_calls += 1
+        self.partial_calls.append([
+            getattr(request, "request_id", None), getattr(block, "block_id", None),
+            kwargs.get("num_tokens"), kwargs.get("kv_cache_group_id"),
+            bool(kwargs.get("replace_existing_hashes", False)),
+            None if result is None else plain(bytes(result))])
+        return result
+
+
 class RecordingPublisher:
     """Stands in for the scheduler's KV-event publisher: keeps what is published."""
 
@@ -99,19 +221,34 @@ class RecordingPublisher:
         pass
 
 
-# -- the workload -----------------------------------------------------------------------------
+# -- the engine -------------------------------------------------------------------------------
 
 
-class EngineActions:
-    """What happens before each engine step, the same in every release's loop: arrivals (none
-    in a quiet spell), at most one abort, at most one reset, drawn from the workload's rates.
-    A subclass sets ``workload``, ``scheduler``, ``stream``, ``rng`` and ``step_index``."""
+class Engine:
+    """A scheduler, the workload's request stream and model: ``step()`` is one engine step."""
 
-    workload: Any
-    scheduler: Any
-    stream: Any
-    rng: random.Random
-    step_index: int
+    def __init__(self, workload: Workload, scheduler: Any, release: str | None = None) -> None:
+        self.workload = workload
+        self.release = release or vllm_release()
+        self.scheduler = scheduler
+        self.publisher = RecordingPublisher()
+        scheduler.kv_event_publisher = self.publisher
+        self.manager = scheduler.kv_cache_manager
+        self.pool = self.manager.block_pool
+        self.watcher: RefusalWatcher | None = None
+        if workload.sliding_window is not None:
+            self.watcher = RefusalWatcher(self.manager)
+            scheduler.kv_cache_manager = self.watcher
+        self.watch: PoolWatch | None = None
+        if replaces_pool(self.release):
+            self.watch = PoolWatch(self.pool)
+            for single in self.manager.coordinator.single_type_managers:
+                single.block_pool = self.watch
+        self.stream = RequestStream(workload, request_block_hasher(workload.hash_block_size),
+                                    self.release)
+        self.model = SimulatedModel(workload.seed, workload.eos_rate)
+        self.rng = random.Random(f"{workload.seed}:actions")
+        self.step_index = 0
 
     def _quiet(self) -> bool:
         w = self.workload
@@ -119,7 +256,8 @@ class EngineActions:
             w.quiet_every - w.quiet_steps)
 
     def act(self) -> list[str]:
-        """Before the step: arrivals, at most one abort, at most one reset."""
+        """Before the step: arrivals (none in a quiet spell), at most one abort, at most one
+        reset, drawn from the workload's rates."""
         from vllm.v1.request import RequestStatus
 
         w, rng, scheduler = self.workload, self.rng, self.scheduler
@@ -142,26 +280,6 @@ class EngineActions:
             actions.append(f"reset_prefix_cache() -> {scheduler.reset_prefix_cache()}")
         return actions
 
-
-class Engine(EngineActions):
-    """A scheduler, the workload's request stream and model: ``step()`` is one engine step."""
-
-    def __init__(self, workload: Workload, scheduler: Any,
-                 block_hasher: Callable[[Any], list[Any]]) -> None:
-        self.workload = workload
-        self.scheduler = scheduler
-        self.publisher = RecordingPublisher()
-        scheduler.kv_event_publisher = self.publisher
-        self.manager = scheduler.kv_cache_manager
-        self.watcher: RefusalWatcher | None = None
-        if workload.sliding_window is not None:
-            self.watcher = RefusalWatcher(self.manager)
-            scheduler.kv_cache_manager = self.watcher
-        self.stream = RequestStream(workload, block_hasher)
-        self.model = SimulatedModel(workload.seed, workload.eos_rate)
-        self.rng = random.Random(f"{workload.seed}:actions")
-        self.step_index = 0
-
     def step(self) -> StepRecord:
         """One engine step, recorded."""
         actions = self.act()
@@ -169,22 +287,32 @@ class Engine(EngineActions):
         self.step_index += 1
         scheduler = self.scheduler
         if not scheduler.has_requests():  # vLLM's engine core skips the step, too
+            record["kv_events"] = self._take_events()
             return record
         scheduler_output = scheduler.schedule()
-        record.update(scheduled_record(scheduler_output))
-        record["empty_table_entries"] = empty_table_entries(self.manager)
+        record.update(scheduled_record(scheduler_output, self.release))
+        if self.watch is None:
+            record["empty_table_entries"] = empty_table_entries(self.manager)
         if self.watcher is not None:
             record["refusals_that_freed"] = self.watcher.refusals[:]
             self.watcher.refusals.clear()
         engine_outputs = scheduler.update_from_output(
             scheduler_output, self.model.output(scheduler, scheduler_output))
-        record.update(outputs_record(engine_outputs))
+        record.update(outputs_record(engine_outputs, self.release))
         # The whole block table of every running request (the output has only new blocks).
         record["tables"] = {request.request_id: plain(
             self.manager.get_block_ids(request.request_id)) for request in scheduler.running}
-        record["kv_events"] = [plain_event(event) for event in self.publisher.events]
-        self.publisher.events.clear()
+        if self.watch is not None:
+            record["free_blocks"] = self.pool.get_num_free_blocks()
+            record["partial_caches"] = self.watch.partial_calls[:]
+            self.watch.partial_calls.clear()
+        record["kv_events"] = self._take_events()
         return record
+
+    def _take_events(self) -> list[Any]:
+        events = [plain_event(event) for event in self.publisher.events]
+        self.publisher.events.clear()
+        return events
 
 
 # -- what is recorded -------------------------------------------------------------------------
@@ -207,17 +335,24 @@ def plain(value: Any) -> Any:
     raise TypeError(f"cannot record a {type(value).__name__}: {value!r}")
 
 
+def _field_names(value: Any) -> tuple[str, ...]:
+    """A msgspec struct's or a dataclass's (or a plain object's) field names."""
+    names: tuple[str, ...] | None = getattr(value, "__struct_fields__", None)
+    if names is None:
+        names = (tuple(f.name for f in fields(value)) if hasattr(value, "__dataclass_fields__")
+                 else tuple(vars(value)))
+    return names
+
+
 def plain_event(event: Any) -> list[Any]:
     """A KV event as ``[class name, {field: value}]`` (msgspec structs or dataclasses)."""
-    names = getattr(event, "__struct_fields__", None)
-    if names is None:
-        names = tuple(f.name for f in fields(event))
-    return [type(event).__name__, {name: plain(getattr(event, name)) for name in names}]
+    return [type(event).__name__,
+            {name: plain(getattr(event, name)) for name in _field_names(event)}]
 
 
-def scheduled_record(out: Any) -> StepRecord:
+def scheduled_record(out: Any, release: str) -> StepRecord:
     cached = out.scheduled_cached_reqs
-    return {
+    record: StepRecord = {
         "new": [[r.req_id, plain(r.block_ids), r.num_computed_tokens]
                 for r in out.scheduled_new_reqs],
         "cached": [[req_id, req_id in cached.resumed_req_ids, plain(new_blocks), computed]
@@ -229,15 +364,34 @@ def scheduled_record(out: Any) -> StepRecord:
         "preempted": plain(out.preempted_req_ids or set()),
         "finished": plain(out.finished_req_ids),
     }
+    if release == "0.33":
+        # vLLM 0.33's SchedulerOutput also hands the workers the blocks to zero and the block
+        # copies (Mamba align mode's copy-on-write), decided by the KV-cache code; 0.13's
+        # has neither field.
+        record["block_ids_to_zero"] = plain(out.new_block_ids_to_zero)
+        record["block_copies"] = [[copy.src_block_id, copy.dst_block_id]
+                                  for copy in out.kv_cache_block_copies or ()]
+    return record
 
 
-def outputs_record(engine_outputs: dict[int, Any]) -> StepRecord:
+def _cached_tokens(output: Any, release: str) -> Any:
+    """What an output says of its request's prefix-cache hit."""
+    if release == "0.13":
+        return output.num_cached_tokens
+    # vLLM 0.33 replaced num_cached_tokens by prefill_stats (the hit by source, and more).
+    stats = output.prefill_stats
+    if stats is None:
+        return None
+    return {name: plain(getattr(stats, name)) for name in _field_names(stats)}
+
+
+def outputs_record(engine_outputs: dict[int, Any], release: str) -> StepRecord:
     outputs: list[list[Any]] = []
     stats = None
     for client in sorted(engine_outputs):
         batch = engine_outputs[client]
         outputs.extend([o.request_id, list(o.new_token_ids), plain(o.finish_reason),
-                        o.num_cached_tokens] for o in batch.outputs)
+                        _cached_tokens(o, release)] for o in batch.outputs)
         stats = stats or batch.scheduler_stats
     record: StepRecord = {"outputs": outputs}
     if stats is not None:
@@ -247,6 +401,10 @@ def outputs_record(engine_outputs: dict[int, Any]) -> StepRecord:
             name: getattr(prefix, name)
             for name in ("reset", "requests", "queries", "hits", "preempted_requests",
                          "preempted_queries", "preempted_hits")}
+        if release == "0.33":
+            # vLLM 0.33's prefix-cache stats split the hits by where they came from; 0.13's
+            # do not.
+            record["hits_by_source"] = plain(prefix.hits_by_source)
         # Eviction samples carry wall-clock ages: only how many there are is comparable.
         record["kv_cache_eviction_events"] = len(stats.kv_cache_eviction_events)
     return record
@@ -262,14 +420,25 @@ def empty_table_entries(manager: Any) -> int:
                for blocks in single.req_to_blocks.values())
 
 
-def run_trace(workload: Workload) -> dict[str, Any]:
-    """Every step of ``workload`` on a scheduler built now: ``{"manager": module of the
-    KV-cache manager class, "steps": [StepRecord, ...]}``."""
+def run_trace(workload: Workload, release: str | None = None) -> dict[str, Any]:
+    """Every step of ``workload`` on a scheduler built now: ``{"pool": module of the block
+    pool class, "kvspec_build": "compiled" or "pure-Python" (None on vLLM's pool), "manager":
+    module of the KV-cache manager class, "partial_calls": cache_partial_block calls (0 where
+    the pool is not watched), "steps": [StepRecord, ...]}``."""
+    release = release or vllm_release()
     with tempfile.TemporaryDirectory(prefix="kvspec-loop-") as tmp:
-        scheduler = build_scheduler(workload, Path(tmp) / "model")
-        engine = Engine(workload, scheduler, request_block_hasher())
+        scheduler = build_scheduler(workload, Path(tmp) / "model", release)
+        engine = Engine(workload, scheduler, release)
         steps = [engine.step() for _ in range(workload.steps)]
-    return {"manager": type(engine.manager).__module__, "steps": steps}
+    pool_module = type(engine.pool).__module__
+    impl = sys.modules.get("kvspec.impl")
+    build = None
+    if impl is not None and pool_module.startswith("kvspec."):
+        build = "compiled" if getattr(impl, "COMPILED", False) else "pure-Python"
+    return {"pool": pool_module, "kvspec_build": build,
+            "manager": type(engine.manager).__module__,
+            "partial_calls": 0 if engine.watch is None else engine.watch.total_partial_calls,
+            "steps": steps}
 
 
 # -- comparing --------------------------------------------------------------------------------
@@ -332,10 +501,12 @@ def summary(steps: Sequence[StepRecord]) -> dict[str, int]:
     counts = dict.fromkeys(("steps scheduled", "prefix-cache hit tokens", "chunked prefills",
                             "preemptions", "resumptions", "aborts", "successful resets",
                             "BlockStored", "BlockRemoved", "AllBlocksCleared",
-                            "finished by EOS or length"), 0)
+                            "partial caches", "block copies", "finished by EOS or length"), 0)
     for step in steps:
         counts["aborts"] += sum(a.startswith("abort") for a in step["actions"])
         counts["successful resets"] += sum(a.endswith("-> True") for a in step["actions"])
+        for name, _ in step.get("kv_events", ()):
+            counts[name] = counts.get(name, 0) + 1
         if "new" not in step:
             continue
         counts["steps scheduled"] += 1
@@ -348,8 +519,8 @@ def summary(steps: Sequence[StepRecord]) -> dict[str, int]:
         with_output = {o[0] for o in step["outputs"]}
         counts["chunked prefills"] += sum(
             req_id not in with_output for req_id in step["num_scheduled_tokens"])
-        for name, _ in step["kv_events"]:
-            counts[name] += 1
+        counts["partial caches"] += len(step.get("partial_caches", ()))
+        counts["block copies"] += len(step.get("block_copies", ()))
         counts["finished by EOS or length"] += sum(
             o[2] in ("STOP", "LENGTH") for o in step["outputs"])
     return counts
@@ -358,11 +529,16 @@ def summary(steps: Sequence[StepRecord]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--side", choices=("vllm", "kvspec"), required=True,
-                        help="vllm: vLLM's own KV-cache manager; kvspec: through its plugin")
-    parser.add_argument("--workloads", default=",".join(ALL_WORKLOADS))
+                        help="vllm: vLLM's own KV-cache code; kvspec: kvspec's, through its "
+                        "plugin (the manager under vLLM 0.13, the pool under 0.33)")
+    parser.add_argument("--release", choices=sorted(LOOP_WORKLOADS),
+                        help="the vLLM release to drive (default: this interpreter's)")
+    parser.add_argument("--workloads", help="comma-separated (default: all of the release's)")
     parser.add_argument("--out", required=True, help="write the traces here (JSON)")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    release = args.release or vllm_release()
+    workloads = LOOP_WORKLOADS[release]
     importlib.import_module("vllm.v1.core.sched.scheduler")  # before the plugin, as in vLLM
     if args.side == "kvspec":
         from kvspec import vllm_plugin
@@ -373,9 +549,8 @@ def main(argv: list[str] | None = None) -> int:
             from tests.mutants import plant
 
             plant(mutant)
-    traces = {}
-    for name in args.workloads.split(","):
-        traces[name] = run_trace(ALL_WORKLOADS[name])
+    names = args.workloads.split(",") if args.workloads else list(workloads)
+    traces = {name: run_trace(workloads[name], release) for name in names}
     Path(args.out).write_text(json.dumps(traces))
     return 0
 
