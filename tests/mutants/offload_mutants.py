@@ -49,7 +49,7 @@ IMPL_033 = ("tests/test_offload_machine.py::TestImplOffloadConforms033",)
 # the store rules: the machine does not reach the case within the mutants profile.
 T1_FALLBACK = ("tests/test_offload_machine.py::test_impl_conforms_where_vllm_does_not"
                "[O4 arc no T1 fallback]",)
-SCAN = ("tests/test_offload_impl.py::test_arc_eviction_walks_each_list_once",)
+SCAN = ("tests/test_arc_manager.py::test_arc_eviction_walks_each_list_once",)
 EXPLORER = ("tests/test_offload_explore.py::test_every_reachable_offload_state_keeps_the_rules"
             "[1-lru-vllm-0.13-64-(0, 1, 2, 3)-True]",)
 

@@ -1,7 +1,8 @@
 """impl's CPUOffloadingManager (vLLM 0.33's API, impl/kv_offload/cpu_manager.py) by example:
 the API's shape, per-request recency, ARC's store-miss adaptation, events, reset and the
-typed refusals. The offload machine checks it against `spec.offload` under the vllm-0.33
-profile (tests/test_offload_machine.py, ``TestImplOffloadConforms033``)."""
+typed refusals (its keys and data classes: tests/test_base.py). The offload machine checks it
+against `spec.offload` under the vllm-0.33 profile (tests/test_offload_machine.py,
+``TestImplOffloadConforms033``)."""
 
 from __future__ import annotations
 
@@ -20,18 +21,9 @@ from kvspec.impl.kv_offload import (
     StoreNotPending,
     UnknownOffloadKey,
     get_offload_block_hash,
-    get_offload_group_idx,
-    make_offload_key,
 )
-from kvspec.impl.kv_offload.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey
-
-
-def key(n: int) -> OffloadKey:
-    return make_offload_key(n.to_bytes(8, "big"), 0)
-
-
-def keys(*ns: int) -> list[OffloadKey]:
-    return [key(n) for n in ns]
+from kvspec.impl.kv_offload.base import CPULoadStoreSpec, OffloadKey
+from tests.offload_managers import key, keys
 
 
 def num(k: bytes) -> int:
@@ -51,21 +43,6 @@ def stored(manager: CPUOffloadingManager, ctx: ReqContext, *ns: int) -> None:
     output = manager.prepare_store(keys(*ns), ctx)
     assert output is not None
     manager.complete_store(output.keys_to_store, ctx)
-
-
-def test_keys_pack_a_hash_and_a_group() -> None:
-    made = make_offload_key(b"\x01\x02", 7)
-    assert made == b"\x01\x02\x00\x00\x00\x07"
-    assert (get_offload_block_hash(made), get_offload_group_idx(made)) == (b"\x01\x02", 7)
-
-
-def test_context_keeps_state_by_type() -> None:
-    ctx = ReqContext(req_id="r")
-    assert ctx.get_state(int) is None
-    ctx.set_state(3)
-    assert ctx.get_state(int) == 3
-    ctx.set_offload_key_position(key(1), 16)
-    assert ctx.get_offload_key_position(key(1)) == 16
 
 
 @pytest.mark.parametrize(("chunks", "policy"), [(0, "lru"), (-1, "arc"), (True, "lru"),
@@ -247,8 +224,3 @@ def test_a_context_without_state_is_tracked_by_request_id() -> None:
     assert [k for k, _ in entries(manager.ordered_entries())] == [1, 2]
     manager.check_representation()
 
-
-def test_a_vllm_style_event_has_vllm_033_fields() -> None:
-    event = OffloadingEvent(keys(1), CPUOffloadingManager(1).medium, removed=True)
-    assert (event.metadata_only, event.removal_expected, event.ownership) == (False, False,
-                                                                             None)
