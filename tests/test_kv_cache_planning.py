@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from kvspec.impl import kv_cache_utils
 from kvspec.impl.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
@@ -371,12 +370,6 @@ def test_groups_name_their_layers() -> None:
     with pytest.raises(EmptyKVCacheGroups):
         get_kv_cache_config_from_groups(vllm_config(), [KVCacheGroupSpec((), full())], PAGE)
     assert get_kv_cache_groups(vllm_config(), {}) == []
-
-
-def test_kv_cache_utils_exports_vllms_planning_names() -> None:
-    for name in ("get_kv_cache_configs", "estimate_max_model_len", "tensor_data",
-                 "_get_kv_cache_groups_uniform_page_size", "_report_kv_cache_config"):
-        assert hasattr(kv_cache_utils, name), name
 
 
 # --- a foreign family of classes ------------------------------------------------------------

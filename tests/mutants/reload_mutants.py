@@ -1,5 +1,5 @@
 """Reload mutants: kvspec in place of vLLM meets vLLM's own tests, which reload
-``kv_cache_utils`` (``test_none_hash``). Killed by tests/test_reload.py.
+``kv_cache_utils`` (``test_none_hash``). Killed by tests/test_kv_cache_utils.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import ModuleType
 from kvspec.impl import kv_cache_blocks, kv_cache_utils
 from tests.mutants import Mutant
 
-RELOAD = "tests/test_reload.py"
+RELOAD = "tests/test_kv_cache_utils.py"
 
 
 class _ClassesInKvCacheUtils(importlib.machinery.SourceFileLoader):
