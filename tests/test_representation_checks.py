@@ -1,6 +1,6 @@
-"""impl's representation invariants (``check_representation()``): they hold through normal
-use, and each fails with a message naming the broken property on hand-corrupted state (also
-under ``python -O``).
+"""impl's representation invariants (``check_representation()``) of the hash map and the pool:
+they hold through normal use, and each fails with a message naming the broken property on
+hand-corrupted state. The free queue's are tests/test_kv_cache_blocks.py's.
 
 `test_pool_check_holds_through_random_use` drives a BlockPool through allocation, prefix
 hits (sharing), caching in two groups, eviction, freeing and resets, checking
@@ -10,8 +10,6 @@ hits (sharing), caching in two groups, eviction, freeing and resets, checking
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,7 +17,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from kvspec.impl.block_pool import BlockHashToBlockMap, BlockPool
-from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from kvspec.impl.kv_cache_utils import KVCacheBlock
 
 HASHES = [bytes([n]) * 8 for n in range(1, 4)]
 
@@ -31,61 +29,6 @@ class _Request:
     block_hashes: list[bytes] = field(default_factory=lambda: list(HASHES))
     all_token_ids: list[int] = field(default_factory=list)
     lora_request: None = None
-
-
-def _queue(n: int = 4) -> tuple[list[KVCacheBlock], FreeKVCacheBlockQueue]:
-    blocks = [KVCacheBlock(i) for i in range(n)]
-    return blocks, FreeKVCacheBlockQueue(list(blocks))
-
-
-# --- the free queue ------------------------------------------------------------------------------
-
-
-def test_queue_check_holds_through_normal_use() -> None:
-    blocks, queue = _queue(6)
-    queue.check_representation()
-    taken = queue.popleft_n(2)
-    queue.check_representation()
-    queue.remove(blocks[4])
-    queue.check_representation()
-    queue.append_n([*taken, blocks[4]])
-    queue.check_representation()
-    queue.remove(blocks[0])  # a stale entry in the middle, then popped past
-    queue.popleft_n(4)
-    queue.check_representation()
-    queue.append(blocks[0])
-    queue.check_representation()
-
-
-def test_queue_check_holds_on_a_pools_fresh_run() -> None:
-    pool = BlockPool(8, True, 1)
-    pool.free_block_queue.check_representation()
-    blocks = pool.get_new_blocks(3)
-    pool.free_blocks(blocks)
-    pool.free_block_queue.check_representation()
-
-
-def _queue_twice(queue: FreeKVCacheBlockQueue, block: KVCacheBlock) -> None:
-    """A second live entry for a queued block, counted: the queue holds it twice."""
-    queue._entries.append(block)
-    queue.num_free_blocks += 1
-
-
-@pytest.mark.parametrize(("corrupt", "message"), [
-    (lambda q, b: setattr(q, "num_free_blocks", q.num_free_blocks + 1), "num_free_blocks"),
-    (lambda q, b: setattr(q, "_num_stale", 1), "stale count total"),
-    (lambda q, b: setattr(q, "_head", 99), "head 99 outside"),
-    (lambda q, b: q._stale.__setitem__(b[1], 0), "stale counts must be positive"),
-    (lambda q, b: _queue_twice(q, b[1]), "two live entries"),
-    (lambda q, b: setattr(b[2], "_queue", None), "not marked as queued"),
-])
-def test_queue_check_names_the_broken_property(
-        corrupt: Callable[[FreeKVCacheBlockQueue, list[KVCacheBlock]], object],
-        message: str) -> None:
-    blocks, queue = _queue()
-    corrupt(queue, blocks)
-    with pytest.raises(AssertionError, match=message):
-        queue.check_representation()
 
 
 # --- the hash map --------------------------------------------------------------------------------
@@ -182,13 +125,3 @@ def test_pool_check_names_the_broken_property(
         pool.check_representation()
 
 
-def test_checks_work_under_optimize_flag() -> None:
-    """No bare ``assert``: under ``python -O`` a corrupted queue still fails its check."""
-    program = (
-        "from kvspec.impl.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock\n"
-        "q = FreeKVCacheBlockQueue([KVCacheBlock(i) for i in range(3)])\n"
-        "q.num_free_blocks = 7\n"
-        "try:\n    q.check_representation()\nexcept AssertionError as e:\n    print('caught', e)\n")
-    out = subprocess.run([sys.executable, "-O", "-c", program], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.startswith("caught free queue: num_free_blocks 7")

@@ -1,6 +1,6 @@
 """What vLLM's callers rely on, checked without vLLM: impl takes foreign objects of vLLM's
-kinds (specs, configs, requests), keeps the caller's lists intact, and shows its free queue in
-vLLM's linked-list terms.
+kinds (specs, configs, requests), keeps the caller's lists intact, and shows its pool's free
+queue in vLLM's linked-list terms (a queue on its own: tests/test_kv_cache_blocks.py).
 
 The foreign classes below stand in for vLLM's: same class names and fields, defined here, so
 impl must recognise them by what they are, in the compiled build as in the pure one.
@@ -22,7 +22,6 @@ from kvspec.impl.kv_cache_interface import (
     as_kv_cache_spec,
 )
 from kvspec.impl.kv_cache_manager import KVCacheManager
-from kvspec.impl.kv_cache_utils import BlockOwnershipError, FreeKVCacheBlockQueue, KVCacheBlock
 from kvspec.impl.single_type_kv_cache_manager import (
     SlidingWindowManager,
     UnsupportedKVCacheSpec,
@@ -171,29 +170,6 @@ def test_free_leaves_the_callers_block_list_as_it_was() -> None:
 # -- the free queue in linked-list terms ---------------------------------------------------
 
 
-def test_kv_cache_block_has_vllms_constructor() -> None:
-    before, after = KVCacheBlock(1), KVCacheBlock(3)
-    block = KVCacheBlock(2, 0, None, before, after, True)
-    assert (block.prev_free_block, block.next_free_block, block.is_null) == (before, after, True)
-
-
-def test_standalone_queue_links() -> None:
-    blocks = [KVCacheBlock(i) for i in range(4)]
-    queue = FreeKVCacheBlockQueue(blocks)
-    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
-    assert head.next_free_block is blocks[0] and blocks[0].prev_free_block is head
-    assert blocks[3].next_free_block is tail and tail.prev_free_block is blocks[3]
-    queue.remove(blocks[1])
-    assert blocks[0].next_free_block is blocks[2] and blocks[2].prev_free_block is blocks[0]
-    assert blocks[1].prev_free_block is None and blocks[1].next_free_block is None
-    popped = queue.popleft_n(3)
-    assert popped == [blocks[0], blocks[2], blocks[3]]
-    assert all(b.prev_free_block is None and b.next_free_block is None for b in popped)
-    assert head.next_free_block is tail and tail.prev_free_block is head
-    queue.append_n([blocks[3], blocks[0]])
-    assert head.next_free_block is blocks[3] and blocks[3].next_free_block is blocks[0]
-
-
 def test_pool_queue_links_follow_ref_counts() -> None:
     pool = BlockPool(5, True, BLOCK_SIZE)
     queue = pool.free_block_queue
@@ -204,30 +180,6 @@ def test_pool_queue_links_follow_ref_counts() -> None:
     assert queue.fake_free_list_tail.prev_free_block is taken[0]
     assert taken[1].next_free_block is taken[0]
     assert pool.null_block.next_free_block is None
-
-
-def test_a_queue_never_changes_the_list_it_was_built_from() -> None:
-    """vLLM's FreeKVCacheBlockQueue copies its blocks into its own links; a caller's list
-    stays as it was while the queue is popped, emptied of a block and appended to (vLLM's
-    own test_free_kv_cache_block_queue_get_all_free_blocks reads it afterwards)."""
-    blocks = [KVCacheBlock(i) for i in range(5)]
-    queue = FreeKVCacheBlockQueue(blocks)
-    queue.popleft()
-    queue.remove(blocks[2])
-    queue.append(blocks[2])
-    assert [block.block_id for block in blocks] == [0, 1, 2, 3, 4]
-    assert queue.get_all_free_blocks() == [blocks[1], blocks[3], blocks[4], blocks[2]]
-
-
-def test_queue_links_are_read_only_inside_a_queue() -> None:
-    queue = FreeKVCacheBlockQueue([KVCacheBlock(0)])
-    with pytest.raises(BlockOwnershipError, match="read-only"):
-        queue.fake_free_list_tail.prev_free_block = None
-    assert queue.fake_free_list_tail.prev_free_block is not None
-    # A typed refusal, not an AttributeError: getattr(block, name, default) and hasattr
-    # must not swallow it (it subclassed AttributeError before issue 10).
-    assert issubclass(BlockOwnershipError, ValueError)
-    assert not issubclass(BlockOwnershipError, AttributeError)
 
 
 # -- the context-parallel layout of the process ----------------------------------------------

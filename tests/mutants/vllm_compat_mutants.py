@@ -1,6 +1,7 @@
 """Drop-in mutants: bugs that break kvspec where vLLM's callers meet it, each planted into
 impl/ or the plugin and killed by the test that states the promise (tests/test_vllm_compat.py,
-tests/test_vllm_plugin.py, tests/test_kv_cache_metrics.py, tests/test_kv_events.py).
+tests/test_kv_cache_blocks.py, tests/test_vllm_plugin.py, tests/test_kv_cache_metrics.py,
+tests/test_kv_events.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kvspec.impl import (
 from tests.mutants import Mutant, replace
 
 COMPAT = "tests/test_vllm_compat.py"
+BLOCKS = "tests/test_kv_cache_blocks.py"
 PLUGIN = "tests/test_vllm_plugin.py"
 METRICS = "tests/test_kv_cache_metrics.py"
 EVENTS = "tests/test_kv_events.py"
@@ -119,10 +121,10 @@ def _mutant(name: str, plant: Any, *checker: str) -> Mutant:
 
 MUTANTS: list[Mutant] = [
     _mutant("compat_free_reverses_callers_list", free_reverses_callers_list, COMPAT),
-    _mutant("compat_free_queue_keeps_callers_list", free_queue_keeps_callers_list, COMPAT),
+    _mutant("compat_free_queue_keeps_callers_list", free_queue_keeps_callers_list, BLOCKS),
     _mutant("compat_foreign_specs_refused", foreign_specs_refused, COMPAT),
     _mutant("compat_plugin_rebinds_nothing", plugin_rebinds_nothing, PLUGIN),
-    _mutant("compat_free_queue_links_one_off", free_queue_links_one_off, COMPAT),
+    _mutant("compat_free_queue_links_one_off", free_queue_links_one_off, BLOCKS, COMPAT),
     _mutant("compat_context_parallel_layout_ignored", context_parallel_layout_ignored, COMPAT),
     _mutant("compat_metrics_clock_bound_at_import", metrics_clock_bound_at_import, METRICS),
     _mutant("compat_events_encode_as_maps", events_encode_as_maps, EVENTS),
