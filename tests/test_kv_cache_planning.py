@@ -36,7 +36,6 @@ from kvspec.impl.kv_cache_interface import (
     MLAAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
-    UnsupportedKVCacheSpecType,
     WindowSizeMismatch,
 )
 from kvspec.impl.kv_cache_planning import (
@@ -329,22 +328,6 @@ def test_merge_and_uniformity() -> None:
     with pytest.raises(KVCacheSpecMismatch):
         mla.merge([mla, dataclasses.replace(mla, head_size=32)])
     assert full().copy_with_new_block_size(32) == full(block_size=32)
-
-
-def test_uniform_type_rule() -> None:
-    assert UniformTypeKVCacheSpecs.from_specs({"a": full(), "b": full(head_size=128)}) == (
-        UniformTypeKVCacheSpecs(16, {"a": full(), "b": full(head_size=128)})
-    )
-    assert UniformTypeKVCacheSpecs.from_specs({"a": full(), "b": sliding()}) is None
-    assert UniformTypeKVCacheSpecs.from_specs({"a": sliding(), "b": full()}) is None
-    assert UniformTypeKVCacheSpecs.from_specs({"a": full(16), "b": full(32)}) is None
-    assert UniformTypeKVCacheSpecs.is_uniform_type({"a": sliding(window=4),
-                                                    "b": sliding(head_size=32, window=4)})
-    with pytest.raises(UnsupportedKVCacheSpecType) as info:
-        UniformTypeKVCacheSpecs.is_uniform_type({"a": EncoderOnlyAttentionSpec(16, 1, 8, "fp16")})
-    assert isinstance(info.value, NotImplementedError)
-    with pytest.raises(InvalidKVCacheSpec, match="other block sizes"):
-        UniformTypeKVCacheSpecs(16, {"a": full(32)})
 
 
 def test_page_sizes_and_block_counts() -> None:

@@ -1,77 +1,35 @@
-"""What vLLM's callers rely on, checked without vLLM: impl takes foreign objects of vLLM's
-kinds (specs, configs, requests), keeps the caller's lists intact, and shows its pool's free
-queue in vLLM's linked-list terms (a queue on its own: tests/test_kv_cache_blocks.py).
+"""What vLLM's callers rely on, checked without vLLM: impl's managers take foreign objects of
+vLLM's kinds (specs, configs, requests), keep the caller's lists intact, and show the pool's
+free queue in vLLM's linked-list terms. A spec or config converted on its own:
+tests/test_kv_cache_interface.py; a queue on its own: tests/test_kv_cache_blocks.py.
 
-The foreign classes below stand in for vLLM's: same class names and fields, defined here, so
-impl must recognise them by what they are, in the compiled build as in the pure one.
+The foreign spec and config classes (tests/vllm_standins.py) and request (below) stand in for
+vLLM's: same class names and fields, so impl must recognise them by what they are, in the
+compiled build as in the pure one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.hashing import BlockHash, get_request_block_hasher, sha256
-from kvspec.impl.kv_cache_interface import (
-    FullAttentionSpec as ImplFullAttentionSpec,
-    InvalidKVCacheSpec,
-    as_kv_cache_config,
-    as_kv_cache_spec,
-)
+from kvspec.impl.kv_cache_interface import InvalidKVCacheSpec, as_kv_cache_spec
 from kvspec.impl.kv_cache_manager import KVCacheManager
 from kvspec.impl.single_type_kv_cache_manager import (
     SlidingWindowManager,
     UnsupportedKVCacheSpec,
     get_manager_for_kv_cache_spec,
 )
-
-BLOCK_SIZE = 4
-
-
-# -- stand-ins for vLLM's kv_cache_interface classes (names and fields as in vLLM 0.13) ------
-
-
-@dataclass(frozen=True)
-class FullAttentionSpec:
-    block_size: int
-    num_kv_heads: int
-    head_size: int
-    dtype: Any
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
-
-
-@dataclass(frozen=True)
-class SlidingWindowSpec:
-    block_size: int
-    num_kv_heads: int
-    head_size: int
-    dtype: Any
-    sliding_window: int
-
-
-@dataclass(frozen=True)
-class EncoderOnlyAttentionSpec:
-    block_size: int
-    num_kv_heads: int
-    head_size: int
-    dtype: Any
-
-
-@dataclass
-class KVCacheGroupSpec:
-    layer_names: list[str]
-    kv_cache_spec: Any
-
-
-@dataclass
-class KVCacheConfig:
-    num_blocks: int
-    kv_cache_tensors: list[Any]
-    kv_cache_groups: list[KVCacheGroupSpec] = field(default_factory=list)
+from tests.vllm_standins import (
+    BLOCK_SIZE,
+    EncoderOnlyAttentionSpec,
+    SlidingWindowSpec,
+    config_of,
+    full_attention,
+)
 
 
 class ForeignRequest:
@@ -95,22 +53,7 @@ class ForeignRequest:
         return len(self.all_token_ids)
 
 
-def _full(block_size: int = BLOCK_SIZE) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size, 2, 8, "float16")
-
-
-def _config(*specs: Any, num_blocks: int = 12) -> KVCacheConfig:
-    return KVCacheConfig(num_blocks, [], [KVCacheGroupSpec([f"layer{i}"], spec)
-                                          for i, spec in enumerate(specs)])
-
-
 # -- foreign specs and configs ---------------------------------------------------------
-
-
-def test_foreign_spec_converts_by_kind_and_fields() -> None:
-    converted = as_kv_cache_spec(_full())
-    assert converted == ImplFullAttentionSpec(BLOCK_SIZE, 2, 8, "float16")
-    assert as_kv_cache_spec(_full()) is converted  # remembered
 
 
 def test_unknown_foreign_kind_is_refused_by_name() -> None:
@@ -122,15 +65,9 @@ def test_unknown_foreign_kind_is_refused_by_name() -> None:
                                       block_pool=pool, kv_cache_group_id=0)
 
 
-def test_foreign_config_converts() -> None:
-    config = as_kv_cache_config(_config(_full()))
-    assert config.num_blocks == 12
-    assert config.kv_cache_groups[0].kv_cache_spec == as_kv_cache_spec(_full())
-
-
 def test_manager_serves_foreign_config_and_requests_keeping_callers_objects() -> None:
-    spec = _full()
-    config = _config(spec, SlidingWindowSpec(BLOCK_SIZE, 2, 8, "float16", 8))
+    spec = full_attention()
+    config = config_of(spec, SlidingWindowSpec(BLOCK_SIZE, 2, 8, "float16", 8))
     manager = KVCacheManager(config, max_model_len=64, hash_block_size=BLOCK_SIZE)
     assert manager.kv_cache_config is config
     assert manager.coordinator.single_type_managers[0].kv_cache_spec is spec
@@ -158,7 +95,8 @@ def test_manager_built_directly_with_a_foreign_spec() -> None:
 
 
 def test_free_leaves_the_callers_block_list_as_it_was() -> None:
-    manager = KVCacheManager(_config(_full()), max_model_len=64, hash_block_size=BLOCK_SIZE)
+    manager = KVCacheManager(config_of(full_attention()), max_model_len=64,
+                             hash_block_size=BLOCK_SIZE)
     request = ForeignRequest("a", list(range(10)))
     manager.allocate_slots(request, 10)
     held = manager.coordinator.single_type_managers[0].req_to_blocks["a"]

@@ -1,7 +1,7 @@
 """Drop-in mutants: bugs that break kvspec where vLLM's callers meet it, each planted into
 impl/ or the plugin and killed by the test that states the promise (tests/test_vllm_compat.py,
-tests/test_kv_cache_blocks.py, tests/test_vllm_plugin.py, tests/test_kv_cache_metrics.py,
-tests/test_kv_events.py).
+tests/test_kv_cache_blocks.py, tests/test_kv_cache_interface.py, tests/test_vllm_plugin.py,
+tests/test_kv_cache_metrics.py, tests/test_kv_events.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tests.mutants import Mutant, replace
 
 COMPAT = "tests/test_vllm_compat.py"
 BLOCKS = "tests/test_kv_cache_blocks.py"
+INTERFACE = "tests/test_kv_cache_interface.py"
 PLUGIN = "tests/test_vllm_plugin.py"
 METRICS = "tests/test_kv_cache_metrics.py"
 EVENTS = "tests/test_kv_events.py"
@@ -122,7 +123,7 @@ def _mutant(name: str, plant: Any, *checker: str) -> Mutant:
 MUTANTS: list[Mutant] = [
     _mutant("compat_free_reverses_callers_list", free_reverses_callers_list, COMPAT),
     _mutant("compat_free_queue_keeps_callers_list", free_queue_keeps_callers_list, BLOCKS),
-    _mutant("compat_foreign_specs_refused", foreign_specs_refused, COMPAT),
+    _mutant("compat_foreign_specs_refused", foreign_specs_refused, INTERFACE, COMPAT),
     _mutant("compat_plugin_rebinds_nothing", plugin_rebinds_nothing, PLUGIN),
     _mutant("compat_free_queue_links_one_off", free_queue_links_one_off, BLOCKS, COMPAT),
     _mutant("compat_context_parallel_layout_ignored", context_parallel_layout_ignored, COMPAT),
