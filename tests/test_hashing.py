@@ -1077,34 +1077,3 @@ def test_request_hasher_one_block_and_many_blocks_agree_with_hash_block_tokens(
             expected.append(parent)
         assert _hashes(4, fn, ids[:1], ids[1:]) == expected  # one token at a time
         assert _hashes(4, fn, ids, []) == expected  # all at once
-
-
-def test_early_exit_answers_only_the_calls_that_complete_no_block() -> None:
-    """The compiled build's wrapper (impl/request_hasher.py) returns [] itself exactly when
-    the request's list of hashes and int token count say no block completes; every other call,
-    malformed ones included, goes to the hasher. Checked on the class itself in both builds."""
-    from kvspec import impl
-    from kvspec.impl.request_hasher import EarlyExit, early_exit
-
-    seen: list[Any] = []
-
-    def hasher(request: Any) -> list[Any]:
-        seen.append(request)
-        return ["hashed"]
-
-    class Fake:
-        def __init__(self, block_hashes: Any, num_tokens: Any) -> None:
-            self.block_hashes, self.num_tokens = block_hashes, num_tokens
-
-    wrapper = EarlyExit(4, hasher)
-    assert wrapper(Fake([b"h"], 7)) == [] and not seen  # 1 block hashed, 7 tokens: none new
-    assert wrapper(Fake([], 3)) == [] and not seen
-    for request in (Fake([b"h"], 8), Fake([], 4), Fake((), 3), Fake([], 3.0), Fake([], True),
-                    Fake(None, 3), object()):
-        assert wrapper(request) == ["hashed"]
-        assert seen.pop() is request
-    import copy
-    assert copy.copy(wrapper) is wrapper and copy.deepcopy(wrapper) is wrapper
-    built = hashing.get_request_block_hasher(4, hashing.sha256)
-    assert isinstance(built, EarlyExit) == impl.COMPILED
-    assert (early_exit(4, hasher) is hasher) == (not impl.COMPILED)

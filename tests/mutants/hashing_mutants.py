@@ -16,6 +16,7 @@ from kvspec.impl.request import Request
 from tests.mutants import Mutant, replace
 
 HASHING_TESTS = "tests/test_hashing.py"
+REQUEST_HASHER_TESTS = "tests/test_request_hasher.py"
 
 
 def _replace_everywhere(name: str, replacement: Any) -> None:
@@ -116,7 +117,7 @@ MUTANTS: list[Mutant] = [
         "hash-early-exit-off-by-one",
         "the compiled hasher's no-new-block answer also swallows a call that completes a block",
         early_exit_takes_a_completed_block,
-        (f"{HASHING_TESTS}::test_early_exit_answers_only_the_calls_that_complete_no_block",),
+        (f"{REQUEST_HASHER_TESTS}::test_early_exit_answers_only_the_calls_that_complete_no_block",),
     ),
     Mutant(
         "hash-any-function-inlined",
