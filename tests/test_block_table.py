@@ -23,7 +23,6 @@ from kvspec.impl.block_table import (
     RowIndexError,
     TokenBatchError,
 )
-from kvspec.impl.utils import CpuGpuBuffer, CpuGpuBufferError
 
 
 def small_table(kernel_block_size: int = 4) -> BlockTable:
@@ -301,20 +300,6 @@ def test_multi_group_refusal_changes_no_group() -> None:
         assert_unchanged(table, old)
     with pytest.raises(BlockTableConfigError):
         MultiGroupBlockTable(2, 32, 8, False, "cpu", [16, 8], [16])
-
-
-def test_cpu_gpu_buffer() -> None:
-    buffer = CpuGpuBuffer(3, 2, dtype=torch.int32, device="cpu", pin_memory=True)
-    buffer.np[:] = [[1, 2], [3, 4], [5, 6]]
-    buffer.copy_to_gpu(2)
-    assert buffer.gpu.tolist() == [[1, 2], [3, 4], [0, 0]]
-    buffer.gpu[2] = 9
-    buffer.copy_to_cpu()
-    assert buffer.np[2].tolist() == [9, 9]
-    with pytest.raises(CpuGpuBufferError, match="4 rows"):
-        buffer.copy_to_gpu(4)
-    with pytest.raises(CpuGpuBufferError, match="bfloat16"):
-        CpuGpuBuffer(2, dtype=torch.bfloat16, device="cpu", pin_memory=False)
 
 
 @pytest.mark.gpu
