@@ -1,11 +1,13 @@
-"""Slot mapping: spec/slot_mapping.py against every implementation of it in impl/.
+"""Slot mapping: spec/slot_mapping.py against impl's block table (impl/block_table.py).
 
-Differential property tests on random tables and batches (standard, context parallel with
-any world size / rank / interleave, kernel-block expansion, padding): the spec's per-token
-statement against impl's numpy path (``BlockTable.compute_slot_mapping``), its scalar
-arithmetic, the torch-ops fallback and the Triton kernel (interpreted on the CPU when there
-is no GPU), plus ``crosshair diffbehavior`` between the spec's slot function and impl's
-scalar one. The CUDA variants run only where a GPU is.
+Differential property tests on random tables and batches (tests/slot_mapping_cases.py:
+standard, context parallel with any world size / rank / interleave, kernel-block expansion,
+padding): the spec's per-token statement against impl's numpy path
+(``BlockTable.compute_slot_mapping``), its scalar arithmetic and its device backends (the
+torch-ops fallback and the Triton kernel, interpreted on the CPU when there is no GPU), plus
+``crosshair diffbehavior`` between the spec's slot function and impl's scalar one. The CUDA
+variants run only where a GPU is. The device functions on their own:
+tests/test_slot_mapping_triton.py.
 """
 
 from __future__ import annotations
@@ -14,153 +16,27 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-
-if not torch.cuda.is_available():
-    # Before anything imports triton: without a GPU the kernel runs in the interpreter.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import event, given, settings, strategies as st
 
 from kvspec.impl import block_table as impl_table, slot_mapping_triton
 from kvspec.impl.block_table import BlockTable
 from kvspec.spec import slot_mapping as spec
+from tests.slot_mapping_cases import (
+    Case,
+    as_arrays,
+    as_tensors,
+    cases,
+    configs,
+    divisors,
+    needs_cuda,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HAS_CUDA = torch.cuda.is_available()
-needs_triton = pytest.mark.skipif(
-    not slot_mapping_triton.triton_available(), reason="triton is not installed"
-)
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-
-
-# --- random configurations, tables and batches --------------------------------------------
-
-
-@dataclass(frozen=True)
-class Config:
-    block_size: int  # the manager's block size
-    kernel_block_size: int
-    pcp_world_size: int
-    pcp_rank: int
-    dcp_world_size: int
-    dcp_rank: int
-    interleave: int
-    max_num_reqs: int
-    max_num_blocks_per_req: int  # manager blocks
-    max_num_batched_tokens: int
-
-    @property
-    def world_size(self) -> int:
-        return self.pcp_world_size * self.dcp_world_size
-
-    @property
-    def rank(self) -> int:
-        return self.pcp_rank * self.dcp_world_size + self.dcp_rank
-
-    @property
-    def blocks_per_kv_block(self) -> int:
-        return self.block_size // self.kernel_block_size
-
-    def table(self, **overrides: object) -> BlockTable:
-        return BlockTable(
-            self.block_size, self.max_num_reqs, self.max_num_blocks_per_req,
-            self.max_num_batched_tokens, False, "cpu", self.kernel_block_size,
-            self.interleave, pcp_world_size=self.pcp_world_size, pcp_rank=self.pcp_rank,
-            dcp_world_size=self.dcp_world_size, dcp_rank=self.dcp_rank,
-            **overrides,  # type: ignore[arg-type]
-        )
-
-
-def divisors(number: int) -> list[int]:
-    return [d for d in range(1, number + 1) if number % d == 0]
-
-
-@st.composite
-def configs(draw: st.DrawFn) -> Config:
-    kernel_block_size = draw(st.sampled_from([1, 2, 3, 4, 8, 16]))
-    blocks_per_kv_block = draw(st.sampled_from([1, 1, 2, 3]))
-    pcp_world_size, dcp_world_size = draw(
-        st.sampled_from([(1, 1), (1, 1), (1, 2), (2, 1), (1, 3), (2, 2), (1, 4)])
-    )
-    interleave = 1
-    if pcp_world_size * dcp_world_size > 1:
-        interleave = draw(st.sampled_from(divisors(kernel_block_size)))
-    return Config(
-        block_size=kernel_block_size * blocks_per_kv_block,
-        kernel_block_size=kernel_block_size,
-        pcp_world_size=pcp_world_size,
-        pcp_rank=draw(st.integers(0, pcp_world_size - 1)),
-        dcp_world_size=dcp_world_size,
-        dcp_rank=draw(st.integers(0, dcp_world_size - 1)),
-        interleave=interleave,
-        max_num_reqs=draw(st.integers(1, 4)),
-        max_num_blocks_per_req=draw(st.integers(1, 4)),
-        max_num_batched_tokens=draw(st.integers(1, 40)),
-    )
-
-
-@dataclass(frozen=True)
-class Case:
-    config: Config
-    rows: tuple[tuple[int, ...], ...]  # manager block ids per row
-    req_indices: tuple[int, ...]
-    positions: tuple[int, ...]
-
-    @property
-    def kernel_rows(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(spec.kernel_row(row, self.config.blocks_per_kv_block) for row in self.rows)
-
-    def expected(self, num_slots: int | None = None) -> tuple[int, ...]:
-        config = self.config
-        return spec.batch_slot_mapping(
-            self.kernel_rows, self.req_indices, self.positions, config.kernel_block_size,
-            config.max_num_batched_tokens if num_slots is None else num_slots,
-            config.world_size, config.rank, config.interleave,
-        )
-
-    def filled_table(self, **overrides: object) -> BlockTable:
-        table = self.config.table(**overrides)
-        for row, blocks in enumerate(self.rows):
-            table.add_row(list(blocks), row)
-        return table
-
-
-@st.composite
-def cases(draw: st.DrawFn, config: Config | None = None) -> Case:
-    config = config or draw(configs())
-    rows = tuple(
-        tuple(draw(st.lists(st.integers(0, 60), max_size=config.max_num_blocks_per_req)))
-        for _ in range(config.max_num_reqs)
-    )
-    tokens_per_row = config.block_size * config.world_size
-    filled = [row for row, blocks in enumerate(rows) if blocks]
-    num_tokens = draw(st.integers(0, config.max_num_batched_tokens)) if filled else 0
-    req_indices, positions = [], []
-    for _ in range(num_tokens):
-        row = draw(st.sampled_from(filled))
-        req_indices.append(row)
-        positions.append(draw(st.integers(0, len(rows[row]) * tokens_per_row - 1)))
-    event(f"world size {config.world_size}, interleave {config.interleave}")
-    event(f"blocks_per_kv_block {config.blocks_per_kv_block}")
-    event("batch fills the buffer" if num_tokens == config.max_num_batched_tokens else "padded")
-    return Case(config, rows, tuple(req_indices), tuple(positions))
-
-
-def as_arrays(case: Case, dtype: type[np.integer] = np.int64) -> tuple[np.ndarray, np.ndarray]:
-    return np.array(case.req_indices, dtype=dtype), np.array(case.positions, dtype=dtype)
-
-
-def as_tensors(case: Case, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    return (
-        torch.tensor(case.req_indices, dtype=torch.int64, device=device),
-        torch.tensor(case.positions, dtype=torch.int64, device=device),
-    )
 
 
 # --- worked examples of vLLM 0.13's formula (vllm/v1/worker/block_table.py) ---------------
@@ -275,62 +151,7 @@ def test_context_parallel_ranks_partition_each_virtual_block(
     assert all(owners.count(r) == block_size for r in range(world_size))
 
 
-# --- spec vs torch ops and Triton (CPU) ------------------------------------------------------
-
-
-def run_device_function(
-    function: object, case: Case, device: str = "cpu", garbage: int = 12345
-) -> list[int]:
-    config = case.config
-    table = case.filled_table()
-    req_indices, positions = as_tensors(case, device)
-    out = torch.full((config.max_num_batched_tokens,), garbage, dtype=torch.int64, device=device)
-    function(  # type: ignore[operator]
-        table.block_table.cpu.to(device), req_indices, positions, out, len(case.positions),
-        config.kernel_block_size, config.world_size, config.rank, config.interleave,
-    )
-    return list(out.cpu().tolist())
-
-
-@given(cases())
-def test_torch_fallback_matches_spec(case: Case) -> None:
-    assert tuple(run_device_function(slot_mapping_triton.slot_mapping_torch, case)) == (
-        case.expected()
-    )
-
-
-@needs_triton
-@settings(max_examples=25)
-@given(cases())
-def test_triton_kernel_matches_spec(case: Case) -> None:
-    assert tuple(run_device_function(slot_mapping_triton.slot_mapping_triton, case)) == (
-        case.expected()
-    )
-
-
-@needs_triton
-def test_triton_kernel_covers_a_buffer_of_many_tiles() -> None:
-    """2,500 slots are three programs of 1,024: the batch ends inside the first, the other
-    two hold only padding."""
-    config = Config(16, 16, 1, 0, 1, 0, 1, 2, 8, 2500)
-    case = Case(config, ((3, 4, 5), (9,)), (0, 1, 0, 0), (0, 15, 20, 47))
-    slots = run_device_function(slot_mapping_triton.slot_mapping_triton, case)
-    assert slots[:4] == [48, 159, 68, 95]
-    assert slots[4:] == [-1] * (2500 - 4)
-
-
-@pytest.mark.parametrize(
-    "function", [slot_mapping_triton.slot_mapping_torch, slot_mapping_triton.slot_mapping_triton]
-)
-def test_device_paths_never_read_outside_the_table(function: object) -> None:
-    if function is slot_mapping_triton.slot_mapping_triton and not (
-        slot_mapping_triton.triton_available()
-    ):
-        pytest.skip("triton is not installed")
-    config = Config(4, 4, 1, 0, 1, 0, 1, 2, 2, 6)
-    # Row 2 and -1 do not exist; -3 is a negative position; 8 is past row 0's width.
-    case = Case(config, ((1, 2), (3,)), (0, 2, -1, 0, 1), (1, 0, 0, -3, 8))
-    assert run_device_function(function, case) == [5, -1, -1, -1, -1, -1]
+# --- spec vs the block table's device backends (CPU) ----------------------------------------
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
@@ -370,18 +191,6 @@ def test_cuda_block_table_matches_spec(case: Case) -> None:
     table.compute_slot_mapping(*as_arrays(case))
     torch.cuda.synchronize()
     assert tuple(table.slot_mapping.gpu.cpu().tolist()) == case.expected()
-
-
-@pytest.mark.gpu
-@needs_cuda
-@needs_triton
-@settings(max_examples=50)
-@given(cases())
-def test_cuda_triton_and_torch_match_spec(case: Case) -> None:
-    for function in (
-        slot_mapping_triton.slot_mapping_triton, slot_mapping_triton.slot_mapping_torch
-    ):
-        assert tuple(run_device_function(function, case, "cuda")) == case.expected()
 
 
 # --- crosshair diffbehavior: spec's slot function vs impl's scalar arithmetic ---------------

@@ -11,6 +11,7 @@ import torch
 from tests.mutants import Mutant
 
 SLOT_TESTS = "tests/test_slot_mapping.py"
+DEVICE_SLOT_TESTS = "tests/test_slot_mapping_triton.py"
 TABLE_TESTS = "tests/test_block_table.py"
 
 
@@ -150,5 +151,5 @@ MUTANTS: list[Mutant] = [
            (f"{TABLE_TESTS}::test_slots_follow_every_row_operation",)),
     Mutant("bt_triton_tail", _triton_launch_covers_only_the_batch.__doc__ or "",
            _triton_launch_covers_only_the_batch,
-           (f"{SLOT_TESTS}::test_triton_kernel_matches_spec",)),
+           (f"{DEVICE_SLOT_TESTS}::test_triton_kernel_matches_spec",)),
 ]
