@@ -40,7 +40,7 @@ def test_copies_take_numpy_integers_and_none_means_every_row() -> None:
     assert buffer.gpu.tolist() == [1, 2, 3, 0]
     assert buffer.copy_to_gpu().tolist() == [1, 2, 3, 4]
     with pytest.raises(CpuGpuBufferError, match="True"):
-        buffer.copy_to_gpu(True)  # type: ignore[arg-type]
+        buffer.copy_to_gpu(True)
 
 
 def test_as_device_names_what_is_not_a_device() -> None:
