@@ -388,8 +388,9 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
     machine's speed (`AuditBoundError` for a bound that is not a whole number >= 1)."""
     import random
 
-    checked_examples(examples)
     from kvspec.conformance.vllm_targets import vllm_version
+
+    checked_examples(examples)
 
     names = layers_for(layer, target)
     layers = {name: LAYERS[name] for name in names}
