@@ -29,8 +29,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 VERSION = importlib.metadata.version("vllm")
 
 # The workload process: vLLM's scheduler publishing through vLLM's ZmqEventPublisher; it
-# prints "ready" once the sockets are bound, runs once it reads "go" (the checker is up), then
-# answers replays until stdin closes.
+# prints "ready" once the sockets are bound, runs once it reads "go" (the checker has
+# subscribed), then answers replays until stdin closes.
 WORKLOAD = r"""
 import os, sys, tempfile
 from dataclasses import replace
@@ -68,7 +68,7 @@ with tempfile.TemporaryDirectory() as tmp:
     engine = make(scheduler)
     engine.publisher = scheduler.kv_event_publisher = Tee(engine.publisher)
     print("ready", flush=True)
-    sys.stdin.readline()  # "go": the checker is connecting
+    sys.stdin.readline()  # "go": the checker has subscribed
     stored = 0
     for _ in range(workload.steps):
         record = engine.step()
@@ -79,15 +79,31 @@ publisher.shutdown()
 """
 
 # The checker: ``kvspec events check`` (the CLI's main) in its own process, which says
-# "checking" once its imports are done, a moment before it connects. The workload starts on
-# that word, not after a sleep: a checker that starts slowly on a loaded machine still
-# connects while the workload publishes (and replays what it missed before it subscribed).
+# "subscribed" once its SUB socket has connected to the publisher (ZMQ's monitor events). The
+# workload starts on that word, not after a sleep: vLLM's PUB socket drops what it publishes
+# before a subscriber is there, so a checker slow to start on a loaded machine would otherwise
+# find the stream over (it replays from seq 0 what it missed before its first live batch).
 CHECKER = r"""
-import sys
-import zmq  # noqa: F401  (imported before "checking": connecting is then a moment's work)
-import kvspec.conformance.events_check  # noqa: F401
+import sys, threading
+import zmq
+from zmq.utils.monitor import recv_monitor_message
 from kvspec.cli import main
-print("checking", flush=True)
+
+plain_socket = zmq.Context.socket
+
+def socket(context, kind, *args, **kwargs):
+    made = plain_socket(context, kind, *args, **kwargs)
+    if kind == zmq.SUB:
+        monitor = made.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+        def say_subscribed():
+            recv_monitor_message(monitor)
+            print("subscribed", flush=True)
+
+        threading.Thread(target=say_subscribed, daemon=True).start()
+    return made
+
+zmq.Context.socket = socket
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -118,12 +134,12 @@ def test_vllms_publisher_stream_conforms_live(side: str, tmp_path: Path) -> None
             checker = subprocess.Popen(
                 [sys.executable, "-c", CHECKER, "events", "check",
                  "--endpoint", pub, "--replay-endpoint", replay, "--topic", "kv",
-                 "--idle-timeout", "4", "--json", str(out)],
+                 "--idle-timeout", "10", "--json", str(out)],
                 cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True)
             try:
                 assert checker.stdout is not None and workload.stdin is not None
-                assert checker.stdout.readline() == "checking\n"
+                assert checker.stdout.readline() == "subscribed\n"
                 workload.stdin.write("go\n")
                 workload.stdin.flush()
                 report_text, errors = checker.communicate(timeout=300)
