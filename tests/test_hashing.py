@@ -650,7 +650,7 @@ def test_block_hashes_match_vllm_0_13_when_installed(monkeypatch: pytest.MonkeyP
                           [[f"mm{i}", o, n] for i, (o, n) in enumerate(positions)]])
     env = dict(os.environ, PYTHONHASHSEED="2024", VLLM_TARGET_DEVICE="cpu")
     proc = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SIDE], input=json.dumps(cases),
-                          env=env, capture_output=True, text=True, timeout=300, check=True)
+                          env=env, capture_output=True, text=True, timeout=900, check=True)
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     monkeypatch.setenv("PYTHONHASHSEED", "2024")
     ours = []
@@ -742,7 +742,7 @@ def test_tagged_keys_match_vllm_0_33_when_installed(monkeypatch: pytest.MonkeyPa
     cases = tagged_cases(random.Random(33))
     env = dict(os.environ, PYTHONHASHSEED="2033", VLLM_TARGET_DEVICE="cpu")
     proc = subprocess.run([str(VLLM_033_PYTHON), "-c", VLLM_033_SIDE], input=json.dumps(cases),
-                          env=env, capture_output=True, text=True, timeout=300, check=True)
+                          env=env, capture_output=True, text=True, timeout=900, check=True)
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     monkeypatch.setenv("PYTHONHASHSEED", "2033")
     hashing.set_extra_key_format(hashing.ExtraKeyFormat.TAGGED)
@@ -971,7 +971,7 @@ def test_0_33_hashing_matches_vllm_0_33_when_installed(host_033: None,
     env["VLLM_TARGET_DEVICE"] = "cpu"
     proc = subprocess.run([str(VLLM_033_PYTHON), "-c", VLLM_033_HASHING],
                           input=json.dumps(cases), env=env, capture_output=True, text=True,
-                          timeout=300, check=True)
+                          timeout=900, check=True)
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     for algo, (root, seed) in theirs["roots"].items():
