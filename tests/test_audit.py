@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from kvspec.cli import main
+from kvspec.conformance import audit as audit_module
 from kvspec.conformance.audit import (
     EXAMPLES_PER_BATCH,
     AuditBoundError,
@@ -187,14 +188,15 @@ def test_usage_errors_exit_2(argv: list[str], message: str,
 
 
 def test_an_examples_bound_covers_the_same_programs_however_fast_the_machine(
-        tmp_path: Path) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The same seed and examples bound run the same programs on a machine slowed down (a
     progress hook that sleeps at every example) as on this one: the same examples, steps and
     steps per rule, in batches whose sizes do not follow the measured speed."""
     def slowed(layer: str, recorder: Any, seconds: float, failures: int) -> None:
         time.sleep(0.005)
 
-    examples = EXAMPLES_PER_BATCH + 10  # two batches
+    monkeypatch.setattr(audit_module, "EXAMPLES_PER_BATCH", 10)  # small batches, quick
+    examples = 25  # three batches: 10, 10 and 5
     runs = [run_audit("impl", Profile.V0_13, 600.0, layer="pool", seed_base=7,
                       examples=examples, progress=progress)
             for progress in (None, slowed)]
