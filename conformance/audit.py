@@ -3,7 +3,10 @@
 For each layer (`layers.LAYERS`) the runner builds the layer's Hypothesis state machine for
 the target and the profile, instruments every rule and invariant (`recording.instrument`) so
 it can count how many steps each one checked and record the program each example runs, and
-runs the machine in batches until the time budget is spent. A failure is shrunk by
+runs the machine in batches until the time budget is spent, or, with an examples bound, until
+that many examples have run (batches of a fixed size, so that the same seed explores the same
+programs on a fast machine and on a loaded one; the budget is then only a hard cap). A
+failure is shrunk by
 Hypothesis; its minimal program is kept (and can be written out as a pytest file of calls on
 the target's own API, `counterexamples`). A failure in a bad-call rule (``bad_*``) or a named
 *situation* (a call outside vLLM's caller contract) is reported and excluded from the next
@@ -99,6 +102,7 @@ class AuditResult:
     seconds: float = 0.0
     baseline: str | None = None  # a previous result whose failures count as known
     step_deadline: float | None = None  # seconds a step may run (0: none; None: the default)
+    examples: int | None = None  # examples per layer, where the audit was bounded by them
 
     @property
     def audited(self) -> list[LayerResult]:
@@ -130,6 +134,23 @@ class AuditResult:
         return "conforms" if self.conforms else "does not conform"
 
 
+# With an examples bound, each batch asks Hypothesis for this many examples (the last for
+# what is left): sizes that never depend on the machine's speed.
+EXAMPLES_PER_BATCH = 50
+
+
+class AuditBoundError(ValueError):
+    """An examples bound that is not a whole number >= 1."""
+
+
+def checked_examples(examples: int | None) -> int | None:
+    """``examples`` if it is None or an int >= 1, else `AuditBoundError` naming it."""
+    if examples is not None and (type(examples) is not int or examples < 1):
+        raise AuditBoundError(f"the examples bound must be a whole number >= 1, "
+                              f"got {examples!r}")
+    return examples
+
+
 ProgressHook = Callable[[str, Recorder, float, int], None]
 FailureHook = Callable[[Failure], None]
 
@@ -150,15 +171,20 @@ def run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_b
               scope: str = "all", progress: ProgressHook | None = None,
               step_count: int | None = None, step_deadline: float | None = None,
               mutants: Path | None = None, replay: Replay | None = None,
-              on_failure: FailureHook | None = None) -> LayerResult:
+              on_failure: FailureHook | None = None,
+              examples: int | None = None) -> LayerResult:
     """Audit one layer of target for budget seconds (the target's log warnings silenced);
     its machine's mutation score is read from ``mutants`` (`mutation_scores.mutants_path`).
     With ``replay``, the database's failures for this machine run first and new ones are
-    saved there; ``on_failure`` hears each distinct failure as soon as it is shrunk."""
+    saved there; ``on_failure`` hears each distinct failure as soon as it is shrunk. With
+    ``examples``, the layer asks Hypothesis for that many examples in all, in batches of
+    `EXAMPLES_PER_BATCH`, and stops there (or at a failure that ends it); the budget is only
+    a hard cap then, and a note says so where it cut the layer short."""
+    checked_examples(examples)
     logging.disable(logging.WARNING)
     try:
         return _run_layer(layer, target, profile, budget, seed_base, scope, progress,
-                          step_count, step_deadline, mutants, replay, on_failure)
+                          step_count, step_deadline, mutants, replay, on_failure, examples)
     finally:
         logging.disable(logging.NOTSET)
 
@@ -166,7 +192,7 @@ def run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_b
 def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_base: int,
                scope: str, progress: ProgressHook | None, step_count: int | None,
                step_deadline: float | None, mutants: Path | None, replay: Replay | None,
-               on_failure: FailureHook | None) -> LayerResult:
+               on_failure: FailureHook | None, examples: int | None) -> LayerResult:
     try:
         built = layer.build(target, profile)
     except LayerUnavailable as reason:
@@ -186,14 +212,21 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
 
     recorder = Recorder(report)
     examples_per_second = 0.0
+    asked = 0  # examples asked of Hypothesis so far
     batch = 0
     stop = False
     while not stop and time.perf_counter() < deadline:
         remaining = deadline - time.perf_counter()
-        if examples_per_second:
+        if examples is not None:
+            if asked >= examples:
+                break
+            max_examples = min(EXAMPLES_PER_BATCH, examples - asked)
+        elif examples_per_second:
+            # Batches of about 10 s at the speed measured, so that the budget is spent.
             max_examples = max(5, int(examples_per_second * min(remaining, 10.0)))
         else:
             max_examples = 10
+        asked += max_examples
         machine = instrument(built.machine, recorder, excluded, step_deadline)
         database: CountingDatabase | None = None
         if replay is not None:
@@ -248,6 +281,9 @@ def _run_layer(layer: Layer, target: str, profile: Profile, budget: float, seed_
             if database is not None:
                 result.replayed += database.replayed
     result.seconds = time.perf_counter() - start
+    if examples is not None and asked < examples and not stop and not result.interrupted:
+        result.notes.append(f"the budget ran out after {asked} of the {examples} examples "
+                            f"asked for")
     result.examples, result.steps = recorder.examples, recorder.steps
     result.events = dict(recorder.event_examples)
     result.failures = list(failures_by_key.values())
@@ -339,17 +375,23 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
               progress: ProgressHook | None = None,
               step_deadline: float | None = None, policy: str | None = None,
               mutants: Path | None = None, database: ExampleDatabase | None = None,
-              on_failure: FailureHook | None = None) -> AuditResult:
+              on_failure: FailureHook | None = None,
+              examples: int | None = None) -> AuditResult:
     """Audit every layer ``layer`` selects; the budget is shared equally among them. A step
     that has not returned after ``step_deadline`` seconds (default: ``KVSPEC_STEP_DEADLINE``
     or `deadline.DEFAULT_SECONDS`; 0: none) is a discrepancy. With ``policy`` (an eviction
     policy's name, `spec.eviction`), the pool and manager layers run under that policy
     (`layers.policy_layer`) and the other layers are left out. With ``database`` (an example
     database object: the CLI opens it, `kvspec.campaign.redis_db.open_database`), each layer
-    replays the failures saved there first and saves what it finds."""
+    replays the failures saved there first and saves what it finds. With ``examples``, each
+    layer runs that many examples (`run_layer`) and ``budget`` is only a hard cap: what the
+    audit covers for a seed does not depend on the machine's speed (`AuditBoundError` for a
+    bound that is not a whole number >= 1)."""
     import random
 
     from kvspec.conformance.vllm_targets import vllm_version
+
+    checked_examples(examples)
 
     names = layers_for(layer, target)
     layers = {name: LAYERS[name] for name in names}
@@ -373,9 +415,11 @@ def run_audit(target: str, profile: Profile, budget: float, layer: str = "auto",
         share = (budget - (time.perf_counter() - start)) / (len(names) - index)
         results.append(run_layer(layers[name], target, profile, max(share, 1.0), seed_base,
                                  scope, progress, step_deadline=step_deadline,
-                                 mutants=mutants, replay=replay, on_failure=on_failure))
+                                 mutants=mutants, replay=replay, on_failure=on_failure,
+                                 examples=examples))
     audit = AuditResult(target, profile.value, scope, budget, seed_base, sys.executable,
-                        version, results, step_deadline=configured_seconds(step_deadline))
+                        version, results, step_deadline=configured_seconds(step_deadline),
+                        examples=examples)
     audit.seconds = time.perf_counter() - start
     return audit
 

@@ -17,6 +17,9 @@ def result_to_json(audit: AuditResult) -> dict[str, Any]:
         "vllm_version": audit.vllm_version, "python": audit.python,
         "budget_seconds": audit.budget, "seconds": round(audit.seconds, 3), "seed": audit.seed,
         "step_deadline_seconds": audit.step_deadline,
+        # Only where the audit was bounded by examples (``--examples``): a budget-bound
+        # audit's JSON is as it was.
+        **({} if audit.examples is None else {"examples_per_layer": audit.examples}),
         "verdict": audit.verdict, "conforms": audit.conforms,
         "baseline": audit.baseline, "new_failures": len(audit.new_failures),
         "layers": [_layer_json(layer) for layer in audit.layers],
@@ -49,9 +52,12 @@ def render_report(audit: AuditResult) -> str:
     version = f" (vLLM {audit.vllm_version})" if audit.vllm_version else ""
     out.append(f"kvspec audit: target {audit.target}{version}, profile {audit.profile}, "
                f"scope {audit.scope}")
-    out.append(f"python {audit.python}; budget {audit.budget:g} s, ran {audit.seconds:.1f} s, "
-               f"seed {audit.seed}, " + (f"step deadline {audit.step_deadline:g} s"
-                                         if audit.step_deadline else "no step deadline"))
+    bound = ("" if audit.examples is None
+             else f"{audit.examples} examples per layer within a ")
+    out.append(f"python {audit.python}; {bound}budget {audit.budget:g} s, ran "
+               f"{audit.seconds:.1f} s, seed {audit.seed}, "
+               + (f"step deadline {audit.step_deadline:g} s" if audit.step_deadline
+                  else "no step deadline"))
     for layer in audit.layers:
         out.append("")
         if layer.status != "audited":

@@ -124,6 +124,10 @@ def add_audit_parser(subparsers: Any) -> None:
     parser.add_argument("--budget", type=_BUDGET, default=DEFAULT_BUDGET,
                         metavar="SECONDS",
                         help=f"wall-clock time for the whole audit (default {DEFAULT_BUDGET:g})")
+    parser.add_argument("--examples", type=whole_number(1, "examples"), metavar="N",
+                        help="run N examples per layer, the same programs for the same seed on "
+                        "any machine, instead of as many as the budget allows; the budget "
+                        "still caps the time (default: none, the budget decides)")
     parser.add_argument("--layer", default="auto",
                         choices=["auto", "free-queue", "hash-map", "pool", "manager",
                                  "attention", "block-table", "offload", "all"],
@@ -146,8 +150,9 @@ def add_audit_parser(subparsers: Any) -> None:
                         help="a previous --json result: its discrepancies count as known, and "
                         "the exit status is 0 unless a new one appears")
     parser.add_argument("--seed", type=int,
-                        help="Hypothesis seed: the same seed and budget draw the same programs "
-                        "(default: random; the report shows the one used)")
+                        help="Hypothesis seed: the same seed and --examples draw the same "
+                        "programs (with a budget alone, how many depends on the machine's "
+                        "speed; default: random, the report shows the one used)")
     parser.add_argument("--step-deadline", type=_deadline_seconds, metavar="SECONDS",
                         help="a step (a rule, or the invariant checks after it) that has not "
                         "returned after SECONDS is a discrepancy, reported with its program "
@@ -251,7 +256,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
                           progress=None if progress is None else progress.update,
                           step_deadline=step_deadline, policy=args.policy,
                           mutants=None if args.mutants is None else Path(args.mutants),
-                          database=database)
+                          database=database, examples=args.examples)
     finally:
         if progress is not None:
             progress.finish()

@@ -80,7 +80,10 @@ def as_033(payload: bytes, group_idx: int = 0) -> bytes:
 
 
 def publish(endpoint: str, replay_endpoint: str | None, batches: list[bytes], topic: str,
-            fault: str | None, wait_subscriber: float = 10.0) -> None:
+            fault: str | None, wait_subscriber: float = 300.0) -> None:
+    """Publish ``batches`` once a subscriber has come (a checker in a fresh Python, slow to
+    start on a loaded machine: waited for up to ``wait_subscriber`` seconds, a hard cap, or
+    until stdin closes), then answer replays until stdin closes."""
     import zmq
 
     kind, _, at = (fault or "").partition(":")
@@ -95,8 +98,11 @@ def publish(endpoint: str, replay_endpoint: str | None, batches: list[bytes], to
         router.setsockopt(zmq.LINGER, 0)
         router.bind(replay_endpoint)
     print("ready", flush=True)
-    if pub.poll(int(wait_subscriber * 1000)):
-        pub.recv()  # the subscription
+    waited_until = time.monotonic() + wait_subscriber
+    while time.monotonic() < waited_until and not _stdin_closed():
+        if pub.poll(100):
+            pub.recv()  # the subscription
+            break
     buffer: list[tuple[int, bytes]] = []
     for seq, payload in enumerate(batches):
         frames = [topic.encode(), seq.to_bytes(8, "big"), payload]
@@ -107,15 +113,20 @@ def publish(endpoint: str, replay_endpoint: str | None, batches: list[bytes], to
         stored = payload + b"\x90" if kind == "replay-differs" and seq == fault_seq else payload
         buffer.append((seq, stored))
         _serve_replay(router, buffer, 0.005)
-    # Answer replays until the test closes stdin (or a minute passes: never linger forever).
-    deadline = time.monotonic() + 60
+    # Answer replays until the test closes stdin (or five minutes pass: never linger for ever).
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         _serve_replay(router, buffer, 0.05)
-        if select.select([sys.stdin], [], [], 0)[0] and not sys.stdin.read(1):
+        if _stdin_closed():
             break
     pub.close()
     if router is not None:
         router.close()
+
+
+def _stdin_closed() -> bool:
+    """Whether the test has closed our stdin (it writes nothing else to it)."""
+    return bool(select.select([sys.stdin], [], [], 0)[0]) and not sys.stdin.read(1)
 
 
 def _serve_replay(router: Any, buffer: list[tuple[int, bytes]], wait: float) -> None:

@@ -37,7 +37,7 @@ def kvspec(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
     return subprocess.run(
         [sys.executable, "-m", "kvspec.cli", *argv], cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=120, check=False)
+        capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.mark.parametrize(("target", "message"), [

@@ -189,7 +189,7 @@ def test_e2_full_report_of_a_sliding_window_hit_leaves_stale_keys_in_vllm_0_33()
         pytest.skip("no .venv-vllm-0.33.0 (make vllm-env VLLM=0.33.0 builds it)")
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", PYTHONHASHSEED="0")
     proc = subprocess.run([str(python), "-c", VLLM_033_FULL_REPORT], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["hit"] == 10 and result["groups"][1][:3] == [0, 0, 0]  # null positions

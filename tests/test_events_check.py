@@ -202,7 +202,7 @@ def test_every_rule_is_planted_here() -> None:
 
 def run(*argv: str) -> tuple[int, str]:
     out = subprocess.run([sys.executable, "-m", "kvspec.cli", "events", *argv],
-                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+                         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     return out.returncode, out.stdout + out.stderr
 
 
@@ -370,11 +370,16 @@ def test_malformed_message(sockets: tuple[str, str], tmp_path: Path) -> None:
     pub.setsockopt(zmq.LINGER, 0)
     pub.bind(sockets[0])
 
+    checked = threading.Event()
+
     def send() -> None:
-        if pub.poll(20_000):
-            pub.recv()
-            pub.send_multipart([b"kv", b"no seq"])
-            pub.send_multipart([b"kv", (0).to_bytes(8, "big"), BATCHES[0]])
+        # Once the checker (a fresh Python, slow to start on a loaded machine) subscribes.
+        while not checked.is_set():
+            if pub.poll(100):
+                pub.recv()
+                pub.send_multipart([b"kv", b"no seq"])
+                pub.send_multipart([b"kv", (0).to_bytes(8, "big"), BATCHES[0]])
+                return
 
     thread = threading.Thread(target=send)
     thread.start()
@@ -382,6 +387,7 @@ def test_malformed_message(sockets: tuple[str, str], tmp_path: Path) -> None:
         code, text = run("check", "--endpoint", sockets[0], "--topic", "kv",
                          "--idle-timeout", "1", "--json", str(tmp_path / "r.json"))
     finally:
+        checked.set()
         thread.join()
         pub.close()
     assert code == 1, text

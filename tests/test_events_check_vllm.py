@@ -29,9 +29,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 VERSION = importlib.metadata.version("vllm")
 
 # The workload process: vLLM's scheduler publishing through vLLM's ZmqEventPublisher; it
-# prints "ready" once the sockets are bound, runs, then answers replays until stdin closes.
+# prints "ready" once the sockets are bound, runs once it reads "go" (the checker has
+# subscribed), then answers replays until stdin closes.
 WORKLOAD = r"""
-import os, sys, time, tempfile
+import os, sys, tempfile
 from dataclasses import replace
 from pathlib import Path
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -63,7 +64,7 @@ with tempfile.TemporaryDirectory() as tmp:
     engine = make(scheduler)
     engine.publisher = scheduler.kv_event_publisher = Tee(engine.publisher)
     print("ready", flush=True)
-    time.sleep(1.0)
+    sys.stdin.readline()  # "go": the checker has subscribed
     stored = 0
     for _ in range(workload.steps):
         record = engine.step()
@@ -71,6 +72,35 @@ with tempfile.TemporaryDirectory() as tmp:
 print(f"stored {stored}", flush=True)
 sys.stdin.read()
 publisher.shutdown()
+"""
+
+# The checker: ``kvspec events check`` (the CLI's main) in its own process, which says
+# "subscribed" once its SUB socket has connected to the publisher (ZMQ's monitor events). The
+# workload starts on that word, not after a sleep: vLLM's PUB socket drops what it publishes
+# before a subscriber is there, so a checker slow to start on a loaded machine would otherwise
+# find the stream over (it replays from seq 0 what it missed before its first live batch).
+CHECKER = r"""
+import sys, threading
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+from kvspec.cli import main
+
+plain_socket = zmq.Context.socket
+
+def socket(context, kind, *args, **kwargs):
+    made = plain_socket(context, kind, *args, **kwargs)
+    if kind == zmq.SUB:
+        monitor = made.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+        def say_subscribed():
+            recv_monitor_message(monitor)
+            print("subscribed", flush=True)
+
+        threading.Thread(target=say_subscribed, daemon=True).start()
+    return made
+
+zmq.Context.socket = socket
+sys.exit(main(sys.argv[1:]))
 """
 
 
@@ -97,17 +127,28 @@ def test_vllms_publisher_stream_conforms_live(side: str, tmp_path: Path) -> None
             assert workload.stdout is not None
             assert _line_starting(workload.stdout, "ready") == "ready"
             out = tmp_path / "report.json"
-            check = subprocess.run(
-                [sys.executable, "-m", "kvspec.cli", "events", "check",
+            checker = subprocess.Popen(
+                [sys.executable, "-c", CHECKER, "events", "check",
                  "--endpoint", pub, "--replay-endpoint", replay, "--topic", "kv",
-                 "--idle-timeout", "4", "--json", str(out)],
-                cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+                 "--idle-timeout", "10", "--json", str(out)],
+                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True)
+            try:
+                assert checker.stdout is not None and workload.stdin is not None
+                assert checker.stdout.readline() == "subscribed\n"
+                workload.stdin.write("go\n")
+                workload.stdin.flush()
+                report_text, errors = checker.communicate(timeout=300)
+            finally:
+                if checker.poll() is None:
+                    checker.kill()
+                    checker.wait()
             stored = _line_starting(workload.stdout, "stored ")
         finally:
             assert workload.stdin is not None
             workload.stdin.close()
             workload.wait(timeout=60)
-    assert check.returncode == 0, check.stdout + check.stderr
+    assert checker.returncode == 0, report_text + errors
     report = json.loads(out.read_text())
     assert report["from_start"] and report["batches"] > 50, report
     assert any("compared with the live state" in note for note in report["notes"]), report

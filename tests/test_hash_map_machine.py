@@ -81,7 +81,7 @@ def _run_counterexample(source: str, folder: Path, cwd: Path) -> subprocess.Comp
     path = folder / "test_counterexample.py"
     path.write_text(source)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(path)], cwd=cwd, capture_output=True, text=True, timeout=120)
+                           str(path)], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture

@@ -651,7 +651,7 @@ def test_planning_matches_vllm_0_13_when_installed() -> None:
     cases = _fixed_cases() + [_random_case(rng) for _ in range(300)]
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", KVSPEC_PURE_PYTHON="1")
     proc = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SIDE], input=json.dumps(cases),
-                          env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -261,7 +261,7 @@ def test_events_are_byte_compatible_with_vllm_0_13_when_installed() -> None:
     assert ast.literal_eval(payload) == [as_literal(batch) for batch in cases]  # lossless
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
     proc = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_SIDE], input=payload, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = [bytes.fromhex(line.removeprefix("bytes "))
               for line in proc.stdout.splitlines() if line.startswith("bytes ")]
@@ -715,7 +715,7 @@ def test_events_are_byte_compatible_with_vllm_0_33_when_installed() -> None:
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
     proc = subprocess.run([str(VLLM_033_PYTHON), "-c", VLLM_033_EVENTS],
                           input="\n".join(d.hex() for d in ours), env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     theirs = [bytes.fromhex(line.removeprefix("bytes ")) for line in lines

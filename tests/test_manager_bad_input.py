@@ -261,5 +261,5 @@ def test_refusals_work_under_python_dash_o() -> None:
     )
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run([sys.executable, "-O", "-c", script], cwd=root, capture_output=True,
-                            text=True, timeout=60, check=False)
+                            text=True, timeout=300, check=False)
     assert result.stdout.strip() == "refused", result.stderr

@@ -77,7 +77,7 @@ def _written(tmp_path: Path,
     path.write_text(source)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            str(path)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=300, check=False)
 
 
 def test_a_written_program_runs_with_plain_pytest(tmp_path: Path) -> None:

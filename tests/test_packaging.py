@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tree_build import building_in_tree
+
 ROOT = Path(__file__).resolve().parent.parent
 
 setuptools = pytest.importorskip("setuptools", reason="building a wheel needs setuptools")
@@ -22,10 +24,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
     # --no-build-isolation: this venv's setuptools, so that nothing is downloaded; a pure
     # wheel (KVSPEC_PURE_PYTHON=1), as mypyc would take minutes (test_compiled_wheel does it).
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", "--wheel-dir", str(out), str(ROOT)],
-                   env=dict(os.environ, KVSPEC_PURE_PYTHON="1"),
-                   check=True, capture_output=True, text=True, timeout=300)
+    with building_in_tree():  # pip builds in the tree: one build at a time
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                        "--no-build-isolation", "--quiet", "--wheel-dir", str(out), str(ROOT)],
+                       env=dict(os.environ, KVSPEC_PURE_PYTHON="1"),
+                       check=True, capture_output=True, text=True, timeout=300)
     (path,) = out.glob("kvspec-*.whl")
     return zipfile.ZipFile(path)
 
@@ -84,9 +87,10 @@ VLLM_ENVS = sorted(ROOT.glob(".venv-vllm-*/bin/python"))
 def test_install_into_vllm_environments_changes_nothing(wheel: zipfile.ZipFile) -> None:
     """scripts/check_install.py: pip's own dry run of installing the clone and the wheel into
     each vLLM environment upgrades, downgrades or reinstalls none of its packages."""
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_install.py"),
-                             "--wheel", str(wheel.filename)],
-                            capture_output=True, text=True, timeout=900, check=False)
+    with building_in_tree():  # pip prepares the clone's metadata in the tree
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_install.py"),
+                                 "--wheel", str(wheel.filename)],
+                                capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert len(lines) == 2 * len(VLLM_ENVS) and all("changes nothing" in x for x in lines), lines

@@ -4,11 +4,11 @@ breadth-first exploration of a small scope (GPU pool of 2 blocks + null, CPU poo
 + null, 2 block hashes, 2 requests) that asserts every reached state keeps every invariant and
 every refused command raises a typed error and leaves its state as it was. With the pools'
 events off the space closes (6,687 states, every one reached by depth 16); depth 10 reaches
-3,769 of them in a few seconds."""
+3,769 of them (a few seconds on an idle machine: the test bounds the depth, not
+the time)."""
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -360,11 +360,11 @@ def explore(stepper: Stepper, depth: int) -> tuple[int, int, int, list[str]]:
 
 
 def test_exploration_keeps_every_invariant() -> None:
-    began = time.monotonic()
+    """Bounded by its depth (3,769 states), never by the time it takes: a loaded machine
+    explores the same states, more slowly."""
     states, steps, refusals, bad = explore(S.step, depth=10)
     assert bad == []
-    assert states > 3000 and steps > states and refusals > 0
-    assert time.monotonic() - began < 20
+    assert states == 3_769 and steps > states and refusals > 0
 
 
 def test_exploration_finds_42289_without_the_phase_a_pin() -> None:

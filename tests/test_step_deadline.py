@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -80,10 +81,12 @@ def test_after_a_hang_the_deadline_is_cut_to_shrink_fast(no_outer_alarm: None) -
     assert budget.seconds == pytest.approx(deadline.SHRINK_MARGIN * 0.2)
     budget.slowest = 10.0
     assert budget.seconds == 5.0  # never more than configured
+    # Timed against a configured deadline of 60 s: it ends at the cut one (0.25 s), and the
+    # test allows 10 s, 40 times that, so a loaded machine passes; without the cut, 60 s.
     start = time.monotonic()
-    with pytest.raises(TargetDidNotReturn, match=r"within 0\.25 s \(the step deadline, 5 s,"):
-        call_with_deadline(StepBudget(configured=5.0, slowest=0.01, cut=True), spin)
-    assert time.monotonic() - start < 4.0  # the cut deadline (0.25 s), not the configured 5 s
+    with pytest.raises(TargetDidNotReturn, match=r"within 0\.25 s \(the step deadline, 60 s,"):
+        call_with_deadline(StepBudget(configured=60.0, slowest=0.01, cut=True), spin)
+    assert time.monotonic() - start < 10.0
 
 
 def test_nested_calls_run_under_the_outer_deadline_and_the_inner_one_reports(
@@ -105,15 +108,20 @@ def test_nested_calls_run_under_the_outer_deadline_and_the_inner_one_reports(
 
 
 def test_an_outer_timer_gets_its_alarm_and_remaining_time_back() -> None:
+    """The outer timer (2 s) is 40 times the step (a 0.05 s sleep), so a loaded machine does
+    not let it run out before the step returns; what the step took (at least its 0.05 s) is
+    taken off the time it gets back, and its alarm arrives after that, awaited under a cap."""
     fired: list[int] = []
     previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
-    signal.setitimer(signal.ITIMER_REAL, 0.6)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
     try:
-        call_with_deadline(StepBudget(configured=5.0), time.sleep, 0.1)
+        call_with_deadline(StepBudget(configured=60.0), time.sleep, 0.05)
         assert signal.getsignal(signal.SIGALRM) is deadline._on_alarm  # it stays, passing on
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
-        assert 0.2 < remaining < 0.55
-        time.sleep(remaining + 0.3)
+        assert 0 < remaining < 1.96  # 2 s less the step's 0.05 s at least (and rounding)
+        cap = time.monotonic() + remaining + 60
+        while not fired and time.monotonic() < cap:
+            time.sleep(0.05)
         assert fired == [signal.SIGALRM]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -146,11 +154,17 @@ def test_a_c_loop_that_never_checks_signals_ends_the_process_with_a_traceback() 
 
         call_with_deadline(StepBudget(configured=0.5), stuck_in_c)
     """)
-    start = time.monotonic()
+    # The backstop fires after 2.5 s of the process's CPU time (the deadline plus
+    # BACKSTOP_SECONDS), which a loaded machine stretches in wall time but not in CPU time:
+    # the test allows the child 25 s of CPU, 10 times that, where the loop alone would run
+    # for ever (the subprocess timeout, 300 s of wall time, only stops a hang).
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             timeout=60, check=False)
+                             timeout=300, check=False)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert process.returncode == -signal.SIGPROF
-    assert time.monotonic() - start < 30
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 10 * (0.5 + deadline.BACKSTOP_SECONDS)
     assert "in stuck_in_c" in process.stderr and "in call_with_deadline" in process.stderr
 
 

@@ -161,7 +161,7 @@ print("ok", vllm_plugin._installed["profile"])
 """
     env = dict(os.environ, VLLM_USE_KVSPEC="1", HF_HUB_OFFLINE="1")
     result = subprocess.run([str(VLLM_PYTHON), "-c", script], env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
+                            text=True, timeout=900, check=False)
     assert result.returncode == 0 and "ok vllm-0.13" in result.stdout, result.stderr[-3000:]
 
 
@@ -176,7 +176,7 @@ print("ok")
 """
     env = {k: v for k, v in os.environ.items() if k != "VLLM_USE_KVSPEC"}
     result = subprocess.run([str(VLLM_PYTHON), "-c", script], env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
+                            text=True, timeout=900, check=False)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
 
 
@@ -339,5 +339,5 @@ def test_impl_without_install_is_vllm_0_13_inside_it() -> None:
     env = {k: v for k, v in os.environ.items() if k != vllm_plugin.ENV_SWITCH}
     env.update(PYTHONHASHSEED="0", HF_HUB_OFFLINE="1")
     result = subprocess.run([str(VLLM_PYTHON), "-c", ALIASING_SCRIPT], env=env, cwd="/",
-                            capture_output=True, text=True, timeout=300, check=False)
+                            capture_output=True, text=True, timeout=900, check=False)
     assert result.returncode == 0 and "ok vllm-0.13" in result.stdout, result.stderr[-3000:]

@@ -406,7 +406,7 @@ def test_a_run_that_crashes_is_run_again_file_by_file(tmp_path: Path) -> None:
                                         "def test_b():\n    assert 1 == 2\n")
     (tests / "test_crash.py").write_text("import os\n\ndef test_dies():\n    os.abort()\n")
     (tests / "test_helpers.py").write_text("HELPER = 1\n")  # no tests: not an error
-    results = runner.run_side("real", tmp_path, "tests/v1", timeout=120)
+    results = runner.run_side("real", tmp_path, "tests/v1", timeout=300)
     assert {test_id: r.outcome for test_id, r in results.items()} == {
         "tests/v1/test_fine.py::test_a": "passed",
         "tests/v1/test_fine.py::test_b": "failed",
