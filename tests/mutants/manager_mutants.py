@@ -1,7 +1,7 @@
 """KV-cache manager mutants: bugs the manager layer really has, each planted into impl/.
 
 Each is killed by the manager conformance machine and by at least one directed test of
-tests/test_manager_examples.py (the examples pin the cases the machine finds by search).
+tests/test_kv_cache_manager.py (its examples pin the cases the machine finds by search).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kvspec.impl.kv_cache_utils import KVCacheBlock
 from tests.mutants import Mutant, replace
 
 MACHINE = "tests/test_manager_machine.py"
-EXAMPLES = "tests/test_manager_examples.py"
+EXAMPLES = "tests/test_kv_cache_manager.py"
 
 
 
@@ -113,7 +113,7 @@ def free_forward_order() -> None:
         if blocks:
             self.block_pool.free_blocks(blocks)
         self.num_cached_block.pop(request_id, None)
-    replace(stm.SingleTypeKVCacheManager, "free_unchecked", free)
+    replace(stm.SingleTypeKVCacheManager, "free", free)
 
 
 def evictable_hits_cost_nothing() -> None:
@@ -181,8 +181,7 @@ def common_prefix_counts_shared_blocks() -> None:
                 break
             count += 1
         return count
-    replace(stm.FullAttentionManager, "get_num_common_prefix_blocks_unchecked",
-           get_num_common_prefix_blocks)
+    replace(stm.FullAttentionManager, "get_num_common_prefix_blocks", get_num_common_prefix_blocks)
 
 
 def max_model_len_ignored() -> None:
