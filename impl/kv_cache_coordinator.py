@@ -13,9 +13,16 @@ than one attention type; context parallelism with more than one attention type; 
 flags of the wrong type or out of range.
 
 Every public method checks its arguments for all groups, in one block at its top, before any
-group changes, and raises ``InvalidManagerArgument`` naming the bad value; ``KVCacheManager``
-checks once per call and then runs the unchecked twins (``allocate_new_blocks_unchecked``, ...:
-``CoordinatorSeam``), as the coordinators run the managers' twins (``SingleTypeManagerSeam``).
+group changes, and raises ``InvalidManagerArgument`` naming the bad value: a value only the
+last group refuses has changed no group. Checked once (docs/architecture.md): where those
+checks read the stack's state or scan a list (the slots a request holds, its cache hits, the
+free blocks, its block hashes), the work after them is a twin named ``..._unchecked``
+(``allocate_new_blocks_unchecked``, ...), and the public method is its checks plus the twin.
+``KVCacheManager`` checks a scheduler's call once, before anything changes, then runs the
+coordinator's twins, which run the group managers' twins; checking again at every layer
+would double the allocation path's work. ``free``, ``has_blocks``, ``get_blocks`` and
+``get_num_common_prefix_blocks`` check only that the request id is a str: they have no twin,
+and a caller that has checked the id already pays one type comparison.
 The checks a whole request needs live here: ``check_computed_tokens`` (no token counted as
 computed without a slot in every group), ``check_keys`` (the hashes, token ids and LoRA that
 keying a request's blocks reads) and ``check_hits`` (cache hits that are this request's: each
@@ -31,7 +38,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, SupportsIndex
+from typing import SupportsIndex
 
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.checks import (
@@ -77,7 +84,6 @@ from kvspec.impl.single_type_kv_cache_manager import (
 BlockHashList = list[BlockHash] | BlockHashListWithBlockSize
 
 __all__ = [
-    "CoordinatorSeam",
     "HybridKVCacheCoordinator",
     "KVCacheCoordinator",
     "KVCacheCoordinatorNoPrefixCache",
@@ -138,68 +144,6 @@ def check_settings(
                             error=InvalidPoolConfigError)
     return KVCacheSettings(max_len, eagle, caching, events, dcp, pcp, hash_size,
                            metrics_collector, bound, eviction_policy)
-
-
-class CoordinatorSeam(Protocol):
-    """What ``KVCacheManager`` needs from a coordinator (``KVCacheCoordinator`` provides it;
-    mypy checks that below the class).
-
-    The ``..._unchecked`` methods are the operations behind the public methods of the same
-    name without the suffix (vLLM's, where vLLM has them), for arguments the caller has
-    already checked: the manager checks each call's arguments once, with the ``check_...``
-    methods for what depends on the coordinator's state, then runs them. The manager holds its
-    coordinator as the concrete class, so that the compiled build calls these directly."""
-
-    block_pool: BlockPool
-    has_cross_attention: bool
-
-    def check_computed_tokens(self, request_id: str, name: str, num_tokens: int,
-                              error: type[InvalidManagerArgument] = ...) -> None: ...
-
-    def check_keys(self, request: object, request_id: str, num_tokens: int,
-                   num_hit_tokens: int, error: type[InvalidManagerArgument] = ...) -> None: ...
-
-    def check_hits(self, block_hashes: list[BlockHash], hits: Groups, num_hit_tokens: int,
-                   error: type[InvalidManagerArgument] = ...) -> None: ...
-
-    def check_cacheable(self, request: RequestLike, num_tokens: SupportsIndex,
-                        high: int) -> int: ...
-
-    def find_longest_cache_hit_unchecked(
-        self, block_hashes: BlockHashList, max_cache_hit_length: int
-    ) -> tuple[tuple[list[KVCacheBlock], ...], int]: ...
-
-    def get_num_blocks_to_allocate_unchecked(
-        self, request_id: str, num_tokens: int, new_computed_blocks: Groups,
-        num_encoder_tokens: int) -> int: ...
-
-    def get_max_num_blocks_to_allocate_unchecked(
-        self, request_id: str, num_tokens: int, new_computed_blocks: Groups,
-        num_encoder_tokens: int) -> int: ...
-
-    def num_blocks_freed_by_skip_unchecked(self, request_id: str, num_computed_tokens: int
-                                           ) -> int: ...
-
-    def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int
-                                        ) -> None: ...
-
-    def save_new_computed_blocks_unchecked(self, request_id: str, new_computed_blocks: Groups
-                                           ) -> None: ...
-
-    def allocate_new_blocks_unchecked(self, request_id: str, num_tokens: int,
-                                      num_encoder_tokens: int
-                                      ) -> tuple[list[KVCacheBlock], ...]: ...
-
-    def cache_blocks_unchecked(self, request: RequestLike, num_computed_tokens: int
-                               ) -> None: ...
-
-    def free_unchecked(self, request_id: str) -> None: ...
-
-    def has_blocks_unchecked(self, request_id: str) -> bool: ...
-
-    def get_blocks_unchecked(self, request_id: str) -> tuple[list[KVCacheBlock], ...]: ...
-
-    def get_num_common_prefix_blocks(self, running_request_id: Text) -> list[int]: ...
 
 
 class KVCacheCoordinator:
@@ -450,7 +394,7 @@ class KVCacheCoordinator:
         """Attach a new request's cache hits (already touched), every group checked first."""
         checked_id = check_request_id(request_id)
         groups = self._check_groups(new_computed_blocks, "new_computed_blocks")
-        if any(groups) and self.has_blocks_unchecked(checked_id):
+        if any(groups) and self.has_blocks(checked_id):
             raise InvalidManagerArgument(
                 f"request {checked_id!r} already holds blocks and cannot take cache hits")
         for manager, blocks in zip(self.single_type_managers, groups, strict=True):
@@ -506,22 +450,15 @@ class KVCacheCoordinator:
             manager.cache_blocks_unchecked(request, num_computed_tokens)
 
     def free(self, request_id: Text) -> None:
-        checked_id = check_request_id(request_id)
-        self.free_unchecked(checked_id)
-
-    def free_unchecked(self, request_id: str) -> None:
+        checked_id = request_id if type(request_id) is str else check_request_id(request_id)
         for manager in self.single_type_managers:
-            manager.free_unchecked(request_id)
+            manager.free(checked_id)
 
     def get_num_common_prefix_blocks(self, running_request_id: Text) -> list[int]:
-        checked_id = check_request_id(running_request_id)
-        return self.get_num_common_prefix_blocks_unchecked(checked_id)
-
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> list[int]:
-        return [
-            manager.get_num_common_prefix_blocks_unchecked(running_request_id)
-            for manager in self.single_type_managers
-        ]
+        checked_id = (running_request_id if type(running_request_id) is str
+                      else check_request_id(running_request_id))
+        return [manager.get_num_common_prefix_blocks(checked_id)
+                for manager in self.single_type_managers]
 
     def remove_skipped_blocks(
         self, request_id: Text, num_computed_tokens: SupportsIndex
@@ -536,21 +473,15 @@ class KVCacheCoordinator:
             manager.remove_skipped_blocks_unchecked(request_id, num_computed_tokens)
 
     def get_blocks(self, request_id: Text) -> tuple[list[KVCacheBlock], ...]:
-        checked_id = check_request_id(request_id)
-        return self.get_blocks_unchecked(checked_id)
-
-    def get_blocks_unchecked(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        checked_id = request_id if type(request_id) is str else check_request_id(request_id)
         return tuple(
-            manager.req_to_blocks.get(request_id) or [] for manager in self.single_type_managers
+            manager.req_to_blocks.get(checked_id) or [] for manager in self.single_type_managers
         )
 
     def has_blocks(self, request_id: Text) -> bool:
         """Whether any group holds a block list for the request."""
-        checked_id = check_request_id(request_id)
-        return self.has_blocks_unchecked(checked_id)
-
-    def has_blocks_unchecked(self, request_id: str) -> bool:
-        return any(request_id in m.req_to_blocks for m in self.single_type_managers)
+        checked_id = request_id if type(request_id) is str else check_request_id(request_id)
+        return any(checked_id in m.req_to_blocks for m in self.single_type_managers)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: SupportsIndex
@@ -568,11 +499,6 @@ class KVCacheCoordinator:
         raise NotImplementedError(f"{type(self).__name__} has no prefix-cache lookup")
 
 
-if TYPE_CHECKING:
-    def _provides_the_seam(coordinator: KVCacheCoordinator) -> CoordinatorSeam:
-        return coordinator
-
-
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Prefix caching off: any groups, no lookups."""
 
@@ -583,7 +509,9 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         super().__init__(kv_cache_config, settings)
         self.num_single_type_manager = len(self.single_type_managers)
 
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> list[int]:
+    def get_num_common_prefix_blocks(self, running_request_id: Text) -> list[int]:
+        if type(running_request_id) is not str:
+            check_request_id(running_request_id)
         return [0] * self.num_single_type_manager
 
     def cache_blocks_unchecked(self, request: RequestLike, num_computed_tokens: int) -> None:
@@ -675,15 +603,16 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def cache_blocks_unchecked(self, request: RequestLike, num_computed_tokens: int) -> None:
         self._manager.cache_blocks_unchecked(request, num_computed_tokens)
 
-    def free_unchecked(self, request_id: str) -> None:
-        self._manager.free_unchecked(request_id)
+    def free(self, request_id: Text) -> None:
+        self._manager.free(request_id)  # one group: its check is the only one needed
 
     def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int) -> None:
         if self._manager.skips_blocks:
             self._manager.remove_skipped_blocks_unchecked(request_id, num_computed_tokens)
 
-    def has_blocks_unchecked(self, request_id: str) -> bool:
-        return request_id in self._manager.req_to_blocks
+    def has_blocks(self, request_id: Text) -> bool:
+        checked_id = request_id if type(request_id) is str else check_request_id(request_id)
+        return checked_id in self._manager.req_to_blocks
 
     def find_longest_cache_hit_unchecked(
         self, block_hashes: BlockHashList, max_cache_hit_length: int

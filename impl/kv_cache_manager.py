@@ -3,10 +3,12 @@
 ``allocate_slots`` runs vLLM 0.13's five stages (free skipped blocks, capacity check,
 attach cache hits, allocate new blocks, cache newly full blocks): every input is checked
 before anything changes, so a refused call (a bad argument) leaves the manager, its
-coordinator and the pool exactly as they were. A ``None`` (not enough free blocks) is not a
-bad call: as in vLLM 0.13 and 0.33, the request's blocks that have left the attention window
-are freed all the same (they are dead whether or not the allocation goes ahead), and nothing
-else changes (spec: ``Profile.refusal_frees_skipped_blocks``, docs/findings.md D7).
+coordinator and the pool exactly as they were. Having checked, it runs the coordinator's
+``..._unchecked`` operations, which check nothing again (docs/architecture.md, "Checked
+once"). A ``None`` (not enough free blocks) is not a bad call: as in vLLM 0.13 and 0.33, the
+request's blocks that have left the attention window are freed all the same (they are dead
+whether or not the allocation goes ahead), and nothing else changes (spec:
+``Profile.refusal_frees_skipped_blocks``, docs/findings.md D7).
 
 What is checked before anything changes, beyond types and ranges (``InvalidAllocationError``,
 an ``InvalidManagerArgument``, naming the value):
@@ -50,7 +52,6 @@ from kvspec.impl.checks import (
     block_hashes_of,
     check_count,
     check_flag,
-    check_request_id,
     request_id_of,
 )
 from kvspec.impl.errors import (
@@ -475,7 +476,7 @@ class KVCacheManager:
                 and last[3] == request_id and last[5] == num_hit_tokens < num_tokens
                 and last[6] == self._evicting_calls
                 and getattr(request, "block_hashes", None) is last[4] and last[2] == groups
-                and not self.coordinator.has_blocks_unchecked(request_id)):
+                and not self.coordinator.has_blocks(request_id)):
             return groups
         if type(groups) is not tuple:
             raise InvalidAllocationError(
@@ -496,7 +497,7 @@ class KVCacheManager:
             raise InvalidAllocationError(
                 f"request {request_id!r} brings cache hits but prefix caching is off"
             )
-        if self.coordinator.has_blocks_unchecked(request_id):
+        if self.coordinator.has_blocks(request_id):
             raise InvalidAllocationError(
                 f"request {request_id!r} already holds blocks and cannot take cache hits"
             )
@@ -513,9 +514,9 @@ class KVCacheManager:
         request_id: Any = getattr(request, "request_id", None)
         if type(request_id) is not str:
             request_id_of(request)  # refuses it, naming it
-        if self.strict_free and not self.coordinator.has_blocks_unchecked(request_id):
+        if self.strict_free and not self.coordinator.has_blocks(request_id):
             raise UnknownRequestError(f"the manager holds no blocks for request {request_id!r}")
-        self.coordinator.free_unchecked(request_id)
+        self.coordinator.free(request_id)
 
     def cache_blocks(self, request: RequestLike, num_computed_tokens: SupportsIndex) -> None:
         """Key the request's blocks that ``num_computed_tokens`` tokens fill (checked as the
@@ -569,14 +570,11 @@ class KVCacheManager:
     # -- views ---------------------------------------------------------------------------
 
     def get_blocks(self, request_id: Text) -> KVCacheBlocks:
-        checked_id = check_request_id(request_id)
-        return self._blocks_result(self.coordinator.get_blocks_unchecked(checked_id))
+        return self._blocks_result(self.coordinator.get_blocks(request_id))
 
     def get_block_ids(self, request_id: Text) -> tuple[list[int], ...]:
-        checked_id = check_request_id(request_id)
         return tuple(
-            [block.block_id for block in group]
-            for group in self.coordinator.get_blocks_unchecked(checked_id)
+            [block.block_id for block in group] for group in self.coordinator.get_blocks(request_id)
         )
 
     def create_kv_cache_blocks(

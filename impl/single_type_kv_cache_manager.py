@@ -14,13 +14,15 @@ before anything changes:
 
 Every public method checks its arguments (a request id that is not a str, a count that is not
 an int in range, blocks that are not this pool's or not in the state the call needs, more tokens
-than the request's blocks hold) and raises ``InvalidManagerArgument`` before anything changes.
-Each checks them in one block at its top (impl/checks.py's helpers and the block checks
-below), then runs its unchecked twin, named with an ``_unchecked`` suffix
-(``allocate_new_blocks_unchecked`` for ``allocate_new_blocks``, ...). The coordinators call the
-twins after checking once for the whole call, so the per-request path pays for no check twice;
-subclasses override the twins. ``SingleTypeManagerSeam`` is what a coordinator needs of a
-manager.
+than the request's blocks hold) and raises ``InvalidManagerArgument`` before anything changes,
+in one block at its top (impl/checks.py's helpers and the block checks below). Checked once
+(docs/architecture.md): where the checks read the manager's state or scan a list, the work
+after them is the method's twin, named with an ``_unchecked`` suffix
+(``allocate_new_blocks_unchecked`` for ``allocate_new_blocks``, ...), which subclasses
+override; the coordinators check once for all groups, before any group changes, then run
+the twins. ``free`` and ``get_num_common_prefix_blocks`` check only that the request id is a
+str and have no twin (a checked id costs them one type comparison).
+``num_slots_held_unchecked`` is the query the coordinators' checks read.
 
 The module-level functions with the names of spec/attention_rules.py are the same rules on the
 same inputs; the managers run them over a lazily evaluated hit pattern, so each block hash is
@@ -29,11 +31,10 @@ looked up at most once and only as far as the rule reads.
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, SupportsIndex, cast, overload
+from typing import Any, ClassVar, Protocol, SupportsIndex, cast, overload
 
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.checks import (
@@ -348,51 +349,6 @@ class BlockPoolLike(Protocol):
     def get_num_free_blocks(self) -> int: ...
 
 
-class SingleTypeManagerSeam(Protocol):
-    """What a coordinator needs from a single-type manager (``SingleTypeKVCacheManager``
-    provides it; mypy checks that below the class).
-
-    The ``..._unchecked`` methods are the operations behind vLLM's public methods of the same
-    name without the suffix, for arguments the caller has already checked (a str id, int
-    counts in range, block lists of this pool): the coordinator checks once for all groups,
-    then runs them. ``check_hits`` refuses cache hits that are not fit to be attached."""
-
-    kv_cache_group_id: int
-    block_size: int
-    req_to_blocks: defaultdict[str, list[KVCacheBlock]]
-    num_cached_block: dict[str, int]
-
-    @property
-    def skips_blocks(self) -> bool: ...
-
-    def num_slots_held_unchecked(self, request_id: str) -> int: ...
-
-    def check_hits(self, request_id: Text, new_computed_blocks: Sequence[KVCacheBlock]
-                   ) -> Sequence[KVCacheBlock]: ...
-
-    def get_num_blocks_to_allocate_unchecked(
-        self, request_id: str, num_tokens: int, new_computed_blocks: Sequence[KVCacheBlock]
-    ) -> int: ...
-
-    def save_new_computed_blocks_unchecked(
-        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock]) -> None: ...
-
-    def allocate_new_blocks_unchecked(self, request_id: str, num_tokens: int
-                                      ) -> list[KVCacheBlock]: ...
-
-    def cache_blocks_unchecked(self, request: RequestLike, num_tokens: int) -> None: ...
-
-    def free_unchecked(self, request_id: str) -> None: ...
-
-    def remove_skipped_blocks_unchecked(self, request_id: str, num_computed_tokens: int
-                                        ) -> None: ...
-
-    def num_blocks_freed_by_skip_unchecked(self, request_id: str, num_computed_tokens: int
-                                           ) -> int: ...
-
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int: ...
-
-
 def _is_block_of(pool: BlockPool, block: KVCacheBlock) -> bool:
     """Whether ``block`` is the pool's own block object of its id (not another pool's, not
     one made outside a pool)."""
@@ -408,8 +364,9 @@ class SingleTypeKVCacheManager:
     ``isinstance(full_attention_manager, CrossAttentionManager)`` answered True. The abstract
     methods raise ``NotImplementedError``.
 
-    Each public method checks its arguments in one block at its top and then runs its
-    ``..._unchecked`` twin, which subclasses override (``SingleTypeManagerSeam``).
+    Each public method checks its arguments in one block at its top; where the checks read
+    state or scan a list it then runs its ``..._unchecked`` twin, which subclasses override
+    (the coordinators call the twins, having checked for every group).
     """
 
     # Whether get_num_skipped_tokens can be positive (blocks slide out of the window).
@@ -603,15 +560,12 @@ class SingleTypeKVCacheManager:
 
     def free(self, request_id: Text) -> None:
         """Release the request's blocks, last block first (so the chain tail is evicted first)."""
-        checked_id = check_request_id(request_id)
-        self.free_unchecked(checked_id)
-
-    def free_unchecked(self, request_id: str) -> None:
-        blocks = self.req_to_blocks.pop(request_id, None)
+        checked_id = request_id if type(request_id) is str else check_request_id(request_id)
+        blocks = self.req_to_blocks.pop(checked_id, None)
         if blocks:
             # A reversed copy: the caller may still hold this list (get_blocks returns it).
             self.block_pool.free_blocks(blocks[::-1])
-        self.num_cached_block.pop(request_id, None)
+        self.num_cached_block.pop(checked_id, None)
 
     # -- skipped (out-of-window) blocks --------------------------------------------------
 
@@ -689,13 +643,11 @@ class SingleTypeKVCacheManager:
     # -- prefix caching ------------------------------------------------------------------
 
     def get_num_common_prefix_blocks(self, running_request_id: Text) -> int:
-        """Leading blocks every running request shares (for cascade attention)."""
-        checked_id = check_request_id(running_request_id)
-        return self.get_num_common_prefix_blocks_unchecked(checked_id)
-
-    @abstractmethod
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
-        raise NotImplementedError(f"{type(self).__name__} counts no common prefix")
+        """Leading blocks every running request shares (for cascade attention): none but
+        full attention's."""
+        if type(running_request_id) is not str:
+            check_request_id(running_request_id)
+        return 0
 
     @classmethod
     def find_longest_cache_hit(
@@ -758,11 +710,6 @@ class SingleTypeKVCacheManager:
         raise NotImplementedError(f"{cls.__name__} has no hit rule over block positions")
 
 
-if TYPE_CHECKING:
-    def _provides_the_seam(manager: SingleTypeKVCacheManager) -> SingleTypeManagerSeam:
-        return manager
-
-
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention (and MLA): a hit is the leading run of cached blocks."""
 
@@ -789,8 +736,10 @@ class FullAttentionManager(SingleTypeKVCacheManager):
             del hit[num_blocks:]
         return tuple(hits)
 
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
-        blocks = self.req_to_blocks.get(running_request_id)
+    def get_num_common_prefix_blocks(self, running_request_id: Text) -> int:
+        checked_id = (running_request_id if type(running_request_id) is str
+                      else check_request_id(running_request_id))
+        blocks = self.req_to_blocks.get(checked_id)
         if not blocks:
             return 0
         num_requests = len(self.req_to_blocks)
@@ -865,9 +814,6 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - self.sliding_window + 1
 
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
-        return 0
-
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     """Chunked local attention: blocks of earlier chunks become null blocks; a hit is null
@@ -909,9 +855,6 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
 
     def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens // self.attention_chunk_size * self.attention_chunk_size
-
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
-        return 0
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -958,9 +901,6 @@ class MambaManager(SingleTypeKVCacheManager):
     def _num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens - 1
 
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
-        return 0
-
 
 class CrossAttentionManager(SingleTypeKVCacheManager):
     """Decoder-to-encoder attention: blocks for the encoder tokens, allocated once, never
@@ -987,9 +927,6 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
 
     def cache_blocks_unchecked(self, request: RequestLike, num_tokens: int) -> None:
         raise PrefixCachingNotSupported("Should not be called as prefix caching is disabled.")
-
-    def get_num_common_prefix_blocks_unchecked(self, running_request_id: str) -> int:
-        return 0
 
     @classmethod
     def find_longest_cache_hit(

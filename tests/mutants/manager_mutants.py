@@ -1,7 +1,7 @@
 """KV-cache manager mutants: bugs the manager layer really has, each planted into impl/.
 
 Each is killed by the manager conformance machine and by at least one directed test of
-tests/test_manager_examples.py (the examples pin the cases the machine finds by search).
+tests/test_kv_cache_manager.py (its examples pin the cases the machine finds by search).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kvspec.impl.kv_cache_utils import KVCacheBlock
 from tests.mutants import Mutant, replace
 
 MACHINE = "tests/test_manager_machine.py"
-EXAMPLES = "tests/test_manager_examples.py"
+EXAMPLES = "tests/test_kv_cache_manager.py"
 
 
 
@@ -113,7 +113,7 @@ def free_forward_order() -> None:
         if blocks:
             self.block_pool.free_blocks(blocks)
         self.num_cached_block.pop(request_id, None)
-    replace(stm.SingleTypeKVCacheManager, "free_unchecked", free)
+    replace(stm.SingleTypeKVCacheManager, "free", free)
 
 
 def evictable_hits_cost_nothing() -> None:
@@ -181,8 +181,7 @@ def common_prefix_counts_shared_blocks() -> None:
                 break
             count += 1
         return count
-    replace(stm.FullAttentionManager, "get_num_common_prefix_blocks_unchecked",
-           get_num_common_prefix_blocks)
+    replace(stm.FullAttentionManager, "get_num_common_prefix_blocks", get_num_common_prefix_blocks)
 
 
 def max_model_len_ignored() -> None:
@@ -261,9 +260,11 @@ def request_hash_ignores_salt() -> None:
     replace(hashing, "_key_sources", key_sources)
 
 
-def _mutant(name: str, plant: Any, *extra: str, killed_by: str = "") -> Mutant:
+def _mutant(name: str, plant: Any, *extra: str, killed_by: str = "",
+            machine_first: bool = False) -> Mutant:
     description = " ".join((plant.__doc__ or "").split())
-    return Mutant(name, description, plant, (EXAMPLES, MACHINE, *extra), killed_by)
+    checker = (MACHINE, EXAMPLES) if machine_first else (EXAMPLES, MACHINE)
+    return Mutant(name, description, plant, (*checker, *extra), killed_by)
 
 
 MUTANTS: list[Mutant] = [
@@ -282,6 +283,7 @@ MUTANTS: list[Mutant] = [
     _mutant("manager_skipped_blocks_kept_on_refusal", skipped_blocks_kept_on_refusal,
             killed_by="refusal_frees_only_skipped_blocks"),
     _mutant("manager_eagle_block_kept", eagle_block_kept),
+    # The machine first: the examples' file's isolation tests catch it too, by their names.
     _mutant("manager_request_hash_ignores_salt", request_hash_ignores_salt,
-            killed_by="block_hashes_match_spec"),
+            killed_by="block_hashes_match_spec", machine_first=True),
 ]

@@ -36,7 +36,7 @@ def free_reverses_callers_list() -> None:
             blocks.reverse()
             self.block_pool.free_blocks(blocks)
         self.num_cached_block.pop(request_id, None)
-    replace(stm.SingleTypeKVCacheManager, "free_unchecked", free)
+    replace(stm.SingleTypeKVCacheManager, "free", free)
 
 
 def free_queue_keeps_callers_list() -> None:

@@ -1,15 +1,36 @@
-"""Directed scenarios for the KV-cache manager: each pins one of vLLM 0.13's rules on impl/ and
-on the spec side by side (the machine finds such cases by search; these find them at once).
+"""impl/kv_cache_manager.py: the KVCacheManager a scheduler calls, through its public API.
+
+Three parts:
+
+* directed scenarios, each pinning one of vLLM 0.13's rules on impl/ and on the spec side by
+  side (the manager machine, tests/test_manager_machine.py, finds such cases by search; these
+  find them at once);
+* bad input: a typed error naming the value, nothing changed, checked against the
+  conformance view (block lists, ref counts, free order, keys) taken before the call, on
+  impl/ and, where the spec has the operation, on the spec (tests/hostile/test_manager.py
+  throws every kind of bad value at every public method of the stack);
+* isolation: requests with different cache_salt or LoRA adapter never share a cached block.
+  The block hash chain carries the LoRA name in every block and the cache salt in the first,
+  so a prefix cached under one (salt, LoRA) identity must never be a hit for another, however
+  the prompts overlap and whatever was evicted in between.
+
+The refusals of the coordinators and the attention-type managers (built through this
+manager or on their own) are in tests/test_kv_cache_coordinator.py and
+tests/test_single_type_kv_cache_manager.py.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import event, given, strategies as st
 
-from kvspec.conformance.lockstep import Lockstep
+from kvspec.conformance.lockstep import Lockstep, Refused
 from kvspec.conformance.manager_machine import (
     ImplManager,
     group_spec_of,
@@ -27,9 +48,18 @@ from kvspec.impl.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvspec.impl.kv_cache_manager import KVCacheManager, Request
+from kvspec.impl.kv_cache_manager import (
+    InvalidAllocationError,
+    KVCacheBlocks,
+    KVCacheManager,
+    Request,
+    UnknownRequestError,
+)
+from kvspec.impl.request import LoRARequest
 from kvspec.spec import manager as model
 from kvspec.spec.manager import ManagerConfig, Session
+
+# ---------------------------------------------------------------------- directed scenarios
 
 BS = 2
 
@@ -334,3 +364,250 @@ def test_kv_cache_blocks_round_trip(specs: list[KVCacheSpec]) -> None:
     both = hits + new
     assert both.get_block_ids() == manager.get_block_ids("a")
     assert new.new_empty().get_block_ids(allow_none=True) is None
+
+
+# ---------------------------------------------------------------------- bad input
+
+BS4 = 4  # the block size of the bad-input examples
+
+
+def config(*specs: KVCacheSpec, num_blocks: int = 16) -> KVCacheConfig:
+    return KVCacheConfig(num_blocks, (), tuple(
+        KVCacheGroupSpec((f"layer.{i}",), s) for i, s in enumerate(specs)))
+
+
+def request(request_id: str, num_tokens: int, hashed: bool = True) -> Request:
+    hasher = get_request_block_hasher(BS4, sha256) if hashed else None
+    return Request(request_id, list(range(num_tokens)), block_hasher=hasher)
+
+
+def snapshot(manager: KVCacheManager) -> Any:
+    pool = manager.block_pool
+    blocks = list(pool.blocks)
+    return (
+        manager.get_block_ids("a"),
+        [b.ref_cnt for b in blocks],
+        [b.block_hash for b in blocks],
+        [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+    )
+
+
+@pytest.fixture
+def running() -> tuple[KVCacheManager, Request]:
+    """A manager with request "a" running (12 tokens, 3 blocks cached)."""
+    manager = KVCacheManager(config(full(BS4)), max_model_len=64, hash_block_size=BS4)
+    a = request("a", 13)
+    assert manager.allocate_slots(a, 13) is not None
+    a.num_computed_tokens = 13
+    return manager, a
+
+
+def test_zero_new_tokens_is_refused(running: tuple[KVCacheManager, Request]) -> None:
+    manager, a = running
+    before = snapshot(manager)
+    with pytest.raises(InvalidAllocationError, match="num_new_tokens must be greater than 0"):
+        manager.allocate_slots(a, 0)
+    with pytest.raises(ValueError, match="-3"):
+        manager.allocate_slots(a, -3)
+    assert snapshot(manager) == before
+
+
+@pytest.mark.parametrize("name", ["num_new_computed_tokens", "num_lookahead_tokens",
+                                  "num_encoder_tokens"])
+def test_negative_token_counts_are_refused(running: tuple[KVCacheManager, Request],
+                                           name: str) -> None:
+    manager, a = running
+    before = snapshot(manager)
+    kwargs: dict[str, Any] = {name: -1}
+    with pytest.raises(InvalidAllocationError, match=name):
+        manager.allocate_slots(a, 1, **kwargs)
+    assert snapshot(manager) == before
+
+
+def test_spec_refuses_zero_new_tokens_too() -> None:
+    state = model.new_manager(model.ManagerConfig(
+        (group_spec_of(full(BS4)),), 8, 64, BS4))
+    view = model.RequestView("a", 4, 0, ())
+    with pytest.raises(model.BadAllocation):
+        model.allocate_slots(state, view, 0)
+
+
+def test_hits_for_a_running_request_are_refused(running: tuple[KVCacheManager, Request]) -> None:
+    manager, a = running
+    b = request("b", 13)
+    hits, num_hit = manager.get_computed_blocks(b)
+    assert num_hit == 12
+    before = snapshot(manager)
+    with pytest.raises(InvalidAllocationError, match="'a' already holds blocks"):
+        manager.allocate_slots(a, 1, num_hit, hits)
+    assert snapshot(manager) == before
+
+
+def test_hits_with_the_wrong_number_of_groups_are_refused(
+        running: tuple[KVCacheManager, Request]) -> None:
+    manager, _ = running
+    before = snapshot(manager)
+    with pytest.raises(InvalidAllocationError, match="2 groups"):
+        manager.allocate_slots(request("b", 5), 5, 0, KVCacheBlocks(((), ())))
+    assert snapshot(manager) == before
+
+
+def test_hits_with_caching_off_are_refused() -> None:
+    cached = KVCacheManager(config(full(BS4)), max_model_len=64, hash_block_size=BS4)
+    a = request("a", 9)
+    cached.allocate_slots(a, 9)
+    cached.free(a)
+    hits, _ = cached.get_computed_blocks(request("b", 9))
+    uncached = KVCacheManager(config(full(BS4)), max_model_len=64, hash_block_size=BS4,
+                              enable_caching=False)
+    before = snapshot(uncached)
+    with pytest.raises(InvalidAllocationError, match="prefix caching is off"):
+        uncached.allocate_slots(request("b", 9), 1, 8, hits)
+    assert snapshot(uncached) == before
+
+
+def test_request_without_block_hashes_is_refused_before_anything_changes() -> None:
+    manager = KVCacheManager(config(full(BS4)), max_model_len=64, hash_block_size=BS4)
+    before = snapshot(manager)
+    with pytest.raises(InvalidAllocationError, match="block_hasher"):
+        manager.allocate_slots(request("a", 9, hashed=False), 9)
+    assert snapshot(manager) == before
+
+
+def test_unknown_request_on_free(running: tuple[KVCacheManager, Request]) -> None:
+    manager, _ = running
+    before = snapshot(manager)
+    manager.free(request("ghost", 3))  # vLLM's scheduler frees never-scheduled requests
+    assert snapshot(manager) == before
+    strict = KVCacheManager(config(full(BS4)), max_model_len=64, hash_block_size=BS4,
+                            strict_free=True)
+    a = request("a", 5)
+    strict.allocate_slots(a, 5)
+    before = snapshot(strict)
+    with pytest.raises(UnknownRequestError, match="'ghost'"):
+        strict.free(request("ghost", 3))
+    with pytest.raises(LookupError):
+        strict.free(request("ghost", 3))
+    assert snapshot(strict) == before
+    strict.free(a)
+    with pytest.raises(UnknownRequestError, match="'a'"):
+        strict.free(a)  # freed twice
+
+
+def test_spec_strict_free_refuses_unknown_ids() -> None:
+    state = model.new_manager(model.ManagerConfig((group_spec_of(full(BS4)),), 8, 64, BS4))
+    assert model.free(state, "ghost") == state
+    with pytest.raises(model.UnknownRequest):
+        model.free(state, "ghost", strict=True)
+
+
+def test_conformance_target_refuses_alike() -> None:
+    """The spec and impl refuse the same zero-token call, and neither changes."""
+    layout = hand_layout("bad input: one full group", lambda: (full(BS4),), BS4)
+    target = ImplManager()
+    run: Lockstep[model.Session] = Lockstep(model.step, target)
+    run(model.NewManager(model.ManagerConfig((group_spec_of(full(BS4)),), 8, 64, BS4),
+                         target.hashing(), layout.name))
+    run(model.AddRequest("a", tuple(range(6))))
+    refused = run(model.AllocateSlots("a", 0))
+    assert isinstance(refused, Refused) and refused.base == "ValueError"
+    assert run.state is not None and target.view() == view_of(run.state)
+
+
+def test_refusals_work_under_python_dash_o() -> None:
+    """No input check is an assert: -O strips asserts, and the errors must still come."""
+    script = (
+        "from kvspec.impl.kv_cache_interface import *\n"
+        "from kvspec.impl.kv_cache_manager import KVCacheManager, Request, InvalidAllocationError\n"
+        "c = KVCacheConfig(8, (), (KVCacheGroupSpec(('l',), "
+        "FullAttentionSpec(4, 1, 8, 'float16')),))\n"
+        "m = KVCacheManager(c, max_model_len=64, hash_block_size=4)\n"
+        "try:\n"
+        "    m.allocate_slots(Request('a', [1, 2]), 0)\n"
+        "except InvalidAllocationError:\n"
+        "    print('refused')\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-O", "-c", script], cwd=root, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.stdout.strip() == "refused", result.stderr
+
+
+# ---------------------------------------------------------------------- isolation
+
+SALTS = (None, "tenant-a", "tenant-b")
+LORAS = (None, 1, 2)
+
+identities = st.tuples(st.sampled_from(SALTS), st.sampled_from(LORAS))
+prompts = st.lists(st.integers(0, 2), min_size=1, max_size=12)
+steps = st.lists(st.tuples(identities, prompts, st.booleans()), min_size=2, max_size=12)
+
+
+def make_manager(hybrid: bool) -> KVCacheManager:
+    specs: list[KVCacheSpec] = [FullAttentionSpec(BS, 1, 8, "float16")]
+    if hybrid:
+        specs.append(SlidingWindowSpec(BS, 1, 8, "float16", sliding_window=3))
+    config = KVCacheConfig(24, (), tuple(
+        KVCacheGroupSpec((f"l{i}",), s) for i, s in enumerate(specs)))
+    return KVCacheManager(config, max_model_len=64, hash_block_size=BS)
+
+
+@given(steps=steps, hybrid=st.booleans())
+def test_no_block_is_shared_across_identities(
+        steps: list[tuple[tuple[str | None, int | None], list[int], bool]],
+        hybrid: bool) -> None:
+    manager = make_manager(hybrid)
+    hasher = get_request_block_hasher(BS, sha256)
+    keyed_by: dict[bytes, tuple[str | None, int | None]] = {}
+    running: list[tuple[Request, tuple[str | None, int | None]]] = []
+    for index, (identity, prompt, keep) in enumerate(steps):
+        salt, lora = identity
+        request = Request(
+            f"r{index}", prompt, cache_salt=salt, block_hasher=hasher,
+            lora_request=None if lora is None else LoRARequest(f"adapter-{lora}", lora),
+        )
+        hits, num_hit = manager.get_computed_blocks(request)
+        for group in hits.blocks:
+            for block in group:
+                if block.is_null:
+                    continue
+                assert keyed_by[block.block_hash] == identity, (  # type: ignore[index]
+                    f"{identity} hit a block cached by {keyed_by[block.block_hash]}")  # type: ignore[index]
+        if num_hit:
+            event("prefix hit")
+        new = manager.allocate_slots(request, request.num_tokens - num_hit, num_hit, hits)
+        if new is None:
+            event("pool full")
+            continue
+        for group in manager.get_blocks(request.request_id).blocks:
+            for block in group:
+                if block.block_hash is not None:
+                    keyed_by.setdefault(block.block_hash, identity)
+                    assert keyed_by[block.block_hash] == identity
+        for other, other_identity in running:
+            if other_identity != identity:
+                mine = {id(b) for g in manager.get_blocks(request.request_id).blocks
+                        for b in g if not b.is_null}
+                theirs = {id(b) for g in manager.get_blocks(other.request_id).blocks
+                          for b in g if not b.is_null}
+                assert not mine & theirs
+        if keep:
+            running.append((request, identity))
+        else:
+            manager.free(request)
+
+
+def test_same_tokens_different_salt_or_lora_miss() -> None:
+    manager = make_manager(hybrid=False)
+    hasher = get_request_block_hasher(BS, sha256)
+    prompt = list(range(9))
+    first = Request("first", prompt, block_hasher=hasher)
+    manager.allocate_slots(first, 9)
+    manager.free(first)
+    twin = Request("twin", prompt, block_hasher=hasher)
+    assert manager.get_computed_blocks(twin)[1] == 8
+    salted = Request("salted", prompt, cache_salt="s", block_hasher=hasher)
+    adapted = Request("adapted", prompt, block_hasher=hasher,
+                      lora_request=LoRARequest("adapter", 3))
+    assert manager.get_computed_blocks(salted)[1] == 0
+    assert manager.get_computed_blocks(adapted)[1] == 0
