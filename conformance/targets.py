@@ -438,10 +438,12 @@ class VllmApiPool(Adapter):
         return [0] * (command.num_cached * command.block_size) + list(command.token_ids)
 
     def has_method(self, name: str) -> bool:
-        """Whether the pool class has vLLM 0.33's method ``name`` (``unpin_blocks`` and
+        """Whether the pool has vLLM 0.33's method ``name`` (``unpin_blocks`` and
         ``free_blocks`` forwarding go with ``cache_partial_block``: kvspec's own
-        ``unpin_blocks`` is the pin policy's)."""
-        return callable(getattr(self.pool_class, name, None))
+        ``unpin_blocks`` is the pin policy's). The built pool's class is asked where there is
+        one: impl's ``BlockPool(..., vllm_api="0.33")`` builds another class than its own."""
+        owner = self.pool_class if self.pool is None else type(self.pool)
+        return callable(getattr(owner, name, None))
 
     def request_of(self, block_hashes: Sequence[bytes], token_ids: Sequence[int],
                    lora_id: int | None) -> Any:

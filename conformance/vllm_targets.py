@@ -82,8 +82,13 @@ def load_class(path: str) -> Any:
 
 
 def has_flat_touch_api(pool_class: Any, block_class: Any) -> bool:
-    """True for vLLM 0.33's BlockPool API (flat touch, set_block_hash), False for 0.13's."""
-    return hasattr(block_class, "set_block_hash") or hasattr(pool_class, "cache_partial_block")
+    """True for vLLM 0.33's BlockPool API (flat touch, set_block_hash), False for 0.13's.
+    impl's ``BlockPool`` and its subclasses count as 0.33's: the class builds vLLM 0.33's pool
+    where asked (``block_pool.pool_class_for``) and its touch takes a flat list either way."""
+    from kvspec.impl.block_pool import BlockPool
+
+    return (hasattr(block_class, "set_block_hash") or hasattr(pool_class, "cache_partial_block")
+            or (isinstance(pool_class, type) and issubclass(pool_class, BlockPool)))
 
 
 # --- vLLM 0.33's BlockPool -------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 COMPILED_MODULES = (
     "kv_cache_blocks",  # not kv_cache_utils, which re-exports it: vLLM's tests reload that
     "block_pool",
+    "block_pool_033",  # vLLM 0.33's pool: the hot one inside a vLLM 0.33 process
     "single_type_kv_cache_manager",
     "kv_cache_coordinator",
     "kv_cache_manager",

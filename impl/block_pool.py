@@ -1,5 +1,17 @@
 """BlockPool: vLLM 0.13's block pool API, laid out for batch moves (spec: spec/pool.py).
 
+Two releases, two classes
+-------------------------
+``BlockPool`` here is vLLM 0.13's pool. vLLM 0.33's is ``BlockPool033``
+(impl/block_pool_033.py), a subclass that overrides what 0.33 does differently (the free
+order, partial prefix-cache entries, reuse watchers, copy-on-write moves, 0.33's events) and
+keeps 0.33's state; this class holds none of it and its hot paths test no version. The
+constructor chooses, as vLLM's callers build pools by this name: ``BlockPool(...,
+vllm_api="0.33")``, or ``BlockPool(...)`` where ``default_pool_api()`` is "0.33" (inside a vLLM
+0.33 process), builds a ``BlockPool033`` (``pool_class_for``). A subclass of this class asked
+for 0.33 gets itself over ``BlockPool033``: its own methods first, then 0.33's (vLLM 0.33's
+hisparse host pool subclasses the pool it imports by this name, and takes 0.33's behaviour).
+
 Where the state lives
 ---------------------
 * ref counts: ``_in_use`` is the set of blocks with ref >= 1 and ``_shared`` the subset
@@ -51,16 +63,17 @@ LoRA id, and the caching hot path the work of storing them, to serve only the ra
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice, repeat, takewhile
 from operator import attrgetter, truth
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, SupportsIndex, overload
+from typing import TYPE_CHECKING, Any, Protocol, SupportsIndex, overload
 
 from mypy_extensions import mypyc_attr
 
 from kvspec.impl import host_profile, host_types
-from kvspec.impl.checks import BlockLike, Flag, HashBytes, Text, as_int
+from kvspec.impl.checks import BlockLike, Flag, HashBytes, Text, as_int, check_flag
 from kvspec.impl.errors import (
     BlockAlreadyCachedError as BlockAlreadyCachedError,
     BlockNotCachedError as BlockNotCachedError,
@@ -84,12 +97,11 @@ from kvspec.impl.hashing import (
     BlockHash,
     BlockHashListWithBlockSize,
     BlockHashWithGroupId,
-    generate_block_hash_extra_keys,
     maybe_convert_block_hash,
 )
 from kvspec.impl.kv_cache_metrics import MetricsCollectorLike
 from kvspec.impl.kv_cache_utils import BlockOwner, FreeKVCacheBlockQueue, KVCacheBlock
-from kvspec.impl.kv_events import MEDIUM_GPU, KVCacheEvent, event_classes
+from kvspec.impl.kv_events import MEDIUM_GPU, KVCacheEvent
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Set as AbstractSet
@@ -141,41 +153,48 @@ def set_default_pool_api(api: Text) -> None:
     _default_api[:] = [str(api)]
 
 
-def _event_extra_keys(extra_keys: list[tuple[Any, ...] | None]) -> list[Any] | None:
-    """vLLM 0.33's KV-event form of per-block tagged extra keys: untagged again (a LoRA name, a
-    salt, an ``(identifier, offset)`` pair, a prompt-embeddings digest), None for no blocks."""
-    if not extra_keys:
-        return None
-    return [None if keys is None else
-            tuple(key[1:] if key[0] == "mm" else key[1] for key in keys)
-            for keys in extra_keys]
+# vLLM 0.33's pool, BlockPool033, subclasses BlockPool in kvspec.impl.block_pool_033, which
+# imports this module: so this module names it by its path and imports it when the first 0.33
+# pool is built (never at import, which would be an import circle).
+POOL_033_CLASS = ("kvspec.impl.block_pool_033", "BlockPool033")
+_pool_033: list[type[BlockPool]] = []
+# A subclass of BlockPool asked for 0.33 -> that subclass over BlockPool033 (pool_class_for).
+_over_033: dict[type[BlockPool], type[BlockPool]] = {}
 
 
-class _VllmEvents(NamedTuple):
-    """vLLM's own event classes, in ``kv_events.EventClasses``'s names."""
-
-    BlockStored: Any
-    BlockRemoved: Any
-    AllBlocksCleared: Any
-
-
-def _view_033(hashes: list[Any], hash_block_size: int, block_size: int) -> list[Any]:
-    """vLLM 0.33's hashes at a coarser block size: each block's is the last hash-block hash
-    inside it (it already chains over the whole prefix; 0.13 joined them all)."""
-    if block_size % hash_block_size:
-        raise InvalidBlockCountError(f"block size {block_size} is not a multiple of the hash "
-                                     f"block size {hash_block_size}")
-    scale = block_size // hash_block_size
-    return hashes[scale - 1 :: scale]
+def pool_033_class() -> type[BlockPool]:
+    """vLLM 0.33's pool class, ``kvspec.impl.block_pool_033.BlockPool033``."""
+    if not _pool_033:
+        module, name = POOL_033_CLASS
+        _pool_033.append(getattr(importlib.import_module(module), name))
+    return _pool_033[0]
 
 
-def _first_mm_feature_ending_after(mm_features: Sequence[Any], start: int) -> int:
-    """The index of the first multimodal feature (sorted, disjoint) that ends after ``start``."""
-    for index, feature in enumerate(mm_features):
-        position = feature.mm_position
-        if position.offset + position.length > start:
-            return index
-    return len(mm_features)
+def pool_class_for(cls: object, vllm_api: object) -> type[BlockPool]:
+    """The class ``cls(..., vllm_api=vllm_api)`` builds (``BlockPool.__new__``), ``cls`` a
+    subclass of ``BlockPool``: ``cls`` itself, but for vLLM 0.33's API (``vllm_api``, or
+    ``default_pool_api()`` without it): ``BlockPool`` gives ``BlockPool033``, and another
+    subclass of ``BlockPool`` that is not one of ``BlockPool033`` gives itself over
+    ``BlockPool033`` (one class per subclass, made once, with its name): its own methods
+    first, then 0.33's. A value that is not one of ``POOL_APIS`` gives ``cls``, whose
+    ``__init__`` refuses it."""
+    if not (isinstance(cls, type) and issubclass(cls, BlockPool)):
+        raise InvalidPoolConfigError(f"{cls!r} is not a subclass of BlockPool")
+    api = default_pool_api() if vllm_api is None else vllm_api
+    if api != "0.33":
+        return cls
+    served = pool_033_class()
+    if issubclass(cls, served):
+        return cls
+    if cls is BlockPool:
+        return served
+    over = _over_033.get(cls)
+    if over is None:
+        # Named as the subclass; read with getattr, as mypyc reads no class object's __doc__.
+        names = {name: getattr(cls, name) for name in ("__module__", "__qualname__", "__doc__")}
+        over = _over_033[cls] = type(cls.__name__, (cls, served), names)
+    return over
+
 
 _GROUP_ID_SUFFIXES = tuple(gid.to_bytes(4, "big") for gid in range(256))
 _GROUP_0 = _GROUP_ID_SUFFIXES[0]
@@ -183,7 +202,19 @@ _pool_of = attrgetter("owner")
 _block_id_of = attrgetter("block_id")
 
 
-def _check_group_id(group_id: object) -> int:
+def new_pool(*args: Any, **kwargs: Any) -> BlockPool:
+    """``BlockPool(*args, **kwargs)``, as compiled code must build a pool. mypyc (2.4) compiles
+    a direct ``BlockPool(...)`` call of compiled code into a constructor that runs ``__new__``
+    and then runs ``__init__`` only when ``__new__`` gave a ``BlockPool`` itself (not when it
+    gave vLLM 0.33's pool), ignoring a refusal it raises. Called as a plain object, the class
+    is called as Python calls it (``type.__call__``). tests/test_block_pool.py checks that no
+    compiled module calls the classes directly."""
+    pool_class: Any = BlockPool
+    pool: BlockPool = pool_class(*args, **kwargs)
+    return pool
+
+
+def check_group_id(group_id: object) -> int:
     """A group id: an integer (``as_int``) in [0, 2**32)."""
     checked = group_id if type(group_id) is int else as_int(group_id)
     if checked is None or not 0 <= checked < 2**32:
@@ -191,8 +222,9 @@ def _check_group_id(group_id: object) -> int:
     return checked
 
 
-def _check_count(name: str, value: object, low: int = 0) -> int:
-    """A block count: an integer (``as_int``) >= ``low``."""
+def check_block_count(name: str, value: object, low: int = 0) -> int:
+    """A count argument of the pool's (blocks, or tokens): an integer (``as_int``) >= ``low``;
+    ``InvalidBlockCountError`` naming it otherwise."""
     count = value if type(value) is int else as_int(value)
     if count is None or count < low:
         raise InvalidBlockCountError(f"{name} must be an int >= {low}, got {value!r}")
@@ -200,9 +232,9 @@ def _check_count(name: str, value: object, low: int = 0) -> int:
 
 
 def _check_block_ids(block_ids: object, size: int) -> list[int]:
-    """Block ids read whole (``_listed``) and checked: integers (``as_int``) in the pool."""
+    """Block ids read whole (``as_list``) and checked: integers (``as_int``) in the pool."""
     ids: list[int] = []
-    for given in _listed(block_ids, "block_ids"):
+    for given in as_list(block_ids, "block_ids"):
         block_id = given if type(given) is int else as_int(given)
         if block_id is None or not 0 <= block_id < size:
             raise BlockNotInPoolError(f"block id {given!r} is outside the pool of {size} blocks")
@@ -226,7 +258,7 @@ def _made_block(pool: BlockPool, objects: list[KVCacheBlock | None], block_id: i
     return block
 
 
-def _listed(values: object, what: str) -> list[Any]:
+def as_list(values: object, what: str) -> list[Any]:
     """``values`` read whole into a list (a list is taken as it is), or a typed refusal when it
     is not iterable. An iterator that fails while read raises its own error, before the pool
     changes anything."""
@@ -247,10 +279,20 @@ def _is_subset(items: list[Any], members: set[KVCacheBlock]) -> bool:
         return False
 
 
-def _flag(name: str, value: object) -> bool:
-    """A setting that is a bool."""
-    if type(value) is not bool:
-        raise InvalidPoolConfigError(f"{name} must be a bool, got {value!r}")
+def check_lookahead(value: object) -> int:
+    """``num_hash_lookahead_tokens``: an integer (``as_int``) >= 0; vLLM 0.33's managers pass
+    their use_eagle flag there (True: one lookahead token)."""
+    lookahead = int(value) if type(value) is bool else as_int(value)
+    if lookahead is None or lookahead < 0:
+        raise InvalidPoolConfigError(
+            f"num_hash_lookahead_tokens must be an int >= 0, got {value!r}")
+    return lookahead
+
+
+def check_medium(value: object) -> str:
+    """``medium``: a str."""
+    if type(value) is not str:
+        raise InvalidPoolConfigError(f"medium must be a str, got {value!r}")
     return value
 
 
@@ -272,7 +314,7 @@ def _collector(value: object) -> MetricsCollectorLike | None:
     return value  # type: ignore[return-value]
 
 
-def _split_key(key: object) -> tuple[bytes, int]:
+def split_key(key: object) -> tuple[bytes, int]:
     if type(key) is not bytes or len(key) < 4:
         raise InvalidBlockHashError(f"a block hash key must be bytes of length >= 4, got {key!r}")
     return key[:-4], int.from_bytes(key[-4:], "big")
@@ -324,13 +366,13 @@ class BlockHashToBlockMap:
                 f"its record of each block's key would disagree with the map")
 
     def get_one_block(self, key: HashBytes) -> KVCacheBlock | None:
-        block_hash, group_id = _split_key(key)
+        block_hash, group_id = split_key(key)
         group = self.groups.get(group_id)
         return None if group is None else group.get(block_hash)
 
     def insert(self, key: HashBytes, block: BlockLike) -> None:
         self._refuse_for_pool("insert")
-        block_hash, group_id = _split_key(key)
+        block_hash, group_id = split_key(key)
         if not isinstance(block, KVCacheBlock):
             raise BlockNotInPoolError(f"only a KVCacheBlock can be cached, got {block!r}")
         # A block has at most one key. The pool keys only unkeyed blocks and calls
@@ -343,11 +385,11 @@ class BlockHashToBlockMap:
 
     def pop(self, key: HashBytes, block_id: SupportsIndex) -> KVCacheBlock | None:
         self._refuse_for_pool("pop")
-        block_hash, group_id = _split_key(key)
+        block_hash, group_id = split_key(key)
         checked_id = block_id if type(block_id) is int else as_int(block_id)
         if checked_id is None:
             raise BlockNotInPoolError(f"block id must be an int, got {block_id!r}")
-        for block in self._blocks(group_id, block_hash):
+        for block in self.blocks_under(group_id, block_hash):
             if block.block_id == checked_id:
                 self.remove_unchecked(group_id, block_hash, block)
                 return block
@@ -355,11 +397,11 @@ class BlockHashToBlockMap:
 
     def contain(self, key: HashBytes, block_id: SupportsIndex) -> bool:
         """vLLM 0.33: whether ``block_id`` is among the blocks cached under ``key``."""
-        block_hash, group_id = _split_key(key)
+        block_hash, group_id = split_key(key)
         checked_id = block_id if type(block_id) is int else as_int(block_id)
         if checked_id is None:
             raise BlockNotInPoolError(f"block id must be an int, got {block_id!r}")
-        return any(b.block_id == checked_id for b in self._blocks(group_id, block_hash))
+        return any(b.block_id == checked_id for b in self.blocks_under(group_id, block_hash))
 
     def __len__(self) -> int:
         return sum(len(group) for group in self.groups.values())
@@ -378,7 +420,7 @@ class BlockHashToBlockMap:
         for group_id, group in self.groups.items():
             suffix = group_id.to_bytes(4, "big")
             for block_hash in group:
-                yield block_hash + suffix, self._blocks(group_id, block_hash)
+                yield block_hash + suffix, self.blocks_under(group_id, block_hash)
 
     def _check(self) -> None:
         """``check_representation()``, by its former name."""
@@ -414,7 +456,8 @@ class BlockHashToBlockMap:
                 under_key.add(block)
                 seen.add(block)
 
-    def _blocks(self, group_id: int, block_hash: bytes) -> list[KVCacheBlock]:
+    def blocks_under(self, group_id: int, block_hash: bytes) -> list[KVCacheBlock]:
+        """The blocks cached under the key (its parts), first inserted first."""
         first = self.groups.get(group_id, {}).get(block_hash)
         if first is None:
             return []
@@ -486,8 +529,18 @@ class _LazyBlocks(Sequence[KVCacheBlock]):
 class BlockPool(BlockOwner):
     """The pool of KV-cache blocks: allocation, freeing, prefix-cache lookup and eviction.
 
-    It implements ``BlockOwner`` (what its blocks read of it) and ``PolicyPool`` (what its
-    eviction policy reads of it, impl/eviction.py)."""
+    vLLM 0.13's; ``BlockPool(..., vllm_api="0.33")`` builds vLLM 0.33's, ``BlockPool033``
+    (module docstring). It implements ``BlockOwner`` (what its blocks read of it) and
+    ``PolicyPool`` (what its eviction policy reads of it, impl/eviction.py)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> BlockPool:
+        """An instance of ``pool_class_for(cls, vllm_api)``: of ``cls``, or of vLLM 0.33's pool
+        where 0.33's API is asked for (``vllm_api`` or the default); its ``__init__`` then
+        runs with the same arguments, as Python runs that of any instance of ``cls``."""
+        target = pool_class_for(cls, kwargs.get("vllm_api"))
+        if target is cls:
+            return super().__new__(cls)
+        return target.__new__(target, *args, **kwargs)
 
     def __init__(
         self,
@@ -511,24 +564,25 @@ class BlockPool(BlockOwner):
         if block_size is None or block_size < 1:
             raise InvalidPoolConfigError(
                 f"hash_block_size must be a positive int, got {hash_block_size!r}")
-        caching = _flag("enable_caching", enable_caching)
-        events = _flag("enable_kv_cache_events", enable_kv_cache_events)
+        caching = check_flag("enable_caching", enable_caching, InvalidPoolConfigError)
+        events = check_flag("enable_kv_cache_events", enable_kv_cache_events,
+                            InvalidPoolConfigError)
         collector = _collector(metrics_collector)
         event_bound = _event_bound(max_pending_kv_events)
         if eviction_policy is not None and not isinstance(eviction_policy, EvictionPolicy):
             raise InvalidPoolConfigError(
                 f"eviction_policy must be None or an EvictionPolicy, got {eviction_policy!r}")
-        # vLLM 0.33's managers pass their use_eagle flag here (True: one lookahead token).
-        lookahead = (int(num_hash_lookahead_tokens) if type(num_hash_lookahead_tokens) is bool
-                     else as_int(num_hash_lookahead_tokens))
-        if lookahead is None or lookahead < 0:
-            raise InvalidPoolConfigError(f"num_hash_lookahead_tokens must be an int >= 0, got "
-                                         f"{num_hash_lookahead_tokens!r}")
-        if type(medium) is not str:
-            raise InvalidPoolConfigError(f"medium must be a str, got {medium!r}")
+        # vLLM 0.33's settings, checked here for both classes (BlockPool033 keeps them).
+        lookahead = check_lookahead(num_hash_lookahead_tokens)
+        check_medium(medium)
         api = default_pool_api() if vllm_api is None else vllm_api
         if api not in POOL_APIS:
             raise InvalidPoolConfigError(f"vllm_api must be one of {POOL_APIS}, got {vllm_api!r}")
+        served = self._pool_api()
+        if api != served:  # BlockPool033(..., vllm_api="0.13"), say
+            raise InvalidPoolConfigError(
+                f"{type(self).__name__} serves vLLM {served}'s pool API, not vllm_api={api!r}: "
+                f"BlockPool(..., vllm_api={api!r}) builds that pool")
         if api == "0.13" and (lookahead or medium != MEDIUM_GPU):
             raise InvalidPoolConfigError(
                 "num_hash_lookahead_tokens and medium are vLLM 0.33's; this pool serves 0.13")
@@ -543,18 +597,7 @@ class BlockPool(BlockOwner):
         self.hash_block_size: int = block_size
         self.enable_kv_cache_events = events
         self.metrics_collector = collector
-        self.num_hash_lookahead_tokens: int = lookahead
-        self.medium: str = medium
-        # Which vLLM's pool this is (module docstring, vLLM 0.33): 0.13's code paths never
-        # read anything below but this flag.
-        self.vllm_api: str = api
-        self._v033 = api == "0.33"
-        # vLLM 0.33's multi-key blocks: block id -> the keys (hash + group id) it is cached
-        # under besides its primary one (partial entries); public, as vLLM's offloading reads it.
-        self.cached_block_hashes_by_block: dict[int, set[BlockHashWithGroupId]] = {}
-        self._tokens_of: dict[KVCacheBlock, int] = {}  # 0.33: prefix tokens a primary key covers
-        # 0.33's unpin_blocks: block id -> the callback to run when the block is reused.
-        self._reuse_watchers: dict[int, Callable[[KVCacheBlock], object]] = {}
+        self.vllm_api: str = api  # which vLLM's pool API this is (POOL_APIS)
         # The bound on pending events (None: unbounded); module docstring, Bounded events.
         self.max_pending_kv_events: int | None = event_bound
         self.num_kv_event_collapses = 0
@@ -579,6 +622,10 @@ class BlockPool(BlockOwner):
         self._now = 0
         if eviction_policy is not None:
             eviction_policy.attach(self)
+
+    def _pool_api(self) -> str:
+        """The vLLM pool API this class serves (``POOL_APIS``); ``BlockPool033``'s is 0.33."""
+        return "0.13"
 
     # -- block objects (BlockOwner, PolicyPool) -------------------------------------------
 
@@ -620,22 +667,14 @@ class BlockPool(BlockOwner):
 
     def block_hash_num_tokens_of(self, block: BlockLike) -> int | None:
         """The prefix length its primary key covers, for one of this pool's blocks (vLLM
-        0.33's ``block_hash_num_tokens``; a 0.13 pool records none)."""
-        return self._tokens_of.get(self._own(block))
+        0.33's ``block_hash_num_tokens``): None, as a 0.13 pool records none."""
+        self._own(block)
+        return None
 
     def set_ref_count(self, block: BlockLike, value: SupportsIndex) -> None:
-        """``block.ref_cnt = value``: a 0.33 pool takes a new count >= 1 for a block in use
-        (0.33's managers add the reference of a copy-on-write pair that way); anything else,
-        and anything on a 0.13 pool, is refused (the pool moves its blocks itself)."""
-        owned = self._own(block)
-        count = value if type(value) is int else as_int(value)
-        if self._v033 and count is not None and count >= 1 and owned in self._in_use:
-            owned.extra_refs = count - 1
-            if count > 1:
-                self._shared.add(owned)
-            else:
-                self._shared.discard(owned)
-            return
+        """``block.ref_cnt = value`` on one of this pool's blocks: refused, as the pool moves
+        its blocks itself (vLLM 0.33's pool takes what 0.33's managers write)."""
+        self._own(block)
         super().set_ref_count(block, value)
 
     @property
@@ -667,7 +706,7 @@ class BlockPool(BlockOwner):
         if type(block_hash) is not bytes:
             raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
         group_ids = (kv_cache_group_ids if type(kv_cache_group_ids) is list
-                     else _listed(kv_cache_group_ids, "kv_cache_group_ids"))
+                     else as_list(kv_cache_group_ids, "kv_cache_group_ids"))
         groups = self._groups
         found = []
         for group_id in group_ids:
@@ -678,7 +717,7 @@ class BlockPool(BlockOwner):
             block = None if group is None else group.get(block_hash)
             if block is None:
                 # All of them, also those after the miss; numpy ids are looked up again.
-                checked = [_check_group_id(g) for g in group_ids]
+                checked = [check_group_id(g) for g in group_ids]
                 if any(type(g) is not int for g in group_ids):
                     return self.get_cached_block(block_hash, checked)
                 return None
@@ -694,8 +733,8 @@ class BlockPool(BlockOwner):
         """The leading run of ``block_hashes[:max_blocks]`` cached in one group, first block
         under each key: ``get_cached_block`` until the first miss, in one call (kvspec's
         bulk lookup; vLLM 0.13 has none)."""
-        limit = _check_count("max_blocks", max_blocks)
-        group = self._groups.get(_check_group_id(kv_cache_group_id))
+        limit = check_block_count("max_blocks", max_blocks)
+        group = self._groups.get(check_group_id(kv_cache_group_id))
         if group is None:
             group = {}
         if type(block_hashes) is list:
@@ -734,14 +773,14 @@ class BlockPool(BlockOwner):
         ``block_mask`` (vLLM 0.33) leaves out the blocks where it is False, as null blocks are.
 
         Everything is read and checked, and the event built, before the first key is set."""
-        first = _check_count("num_cached_blocks", num_cached_blocks)
-        end = _check_count("num_full_blocks", num_full_blocks)
+        first = check_block_count("num_cached_blocks", num_cached_blocks)
+        end = check_block_count("num_full_blocks", num_full_blocks)
         size = block_size if type(block_size) is int else as_int(block_size)
         if size is None or size < 1 or size % self.hash_block_size:
             raise InvalidBlockCountError(
                 f"block_size must be a positive multiple of the hash block size "
                 f"{self.hash_block_size}, got {block_size!r}")
-        group_id = _check_group_id(kv_cache_group_id)
+        group_id = check_group_id(kv_cache_group_id)
         request_hashes = getattr(request, "block_hashes", None)
         if type(request_hashes) is not list:
             raise InvalidRequestForCachingError(
@@ -762,17 +801,24 @@ class BlockPool(BlockOwner):
             self._check_owned([b for b in new_blocks if b is not self.null_block])
         if not self.enable_caching:
             return
+        self._cache_blocks(request, request_hashes, block_list, new_blocks, first, end, size,
+                           group_id, block_mask)
+
+    def _cache_blocks(
+        self, request: Any, request_hashes: list[Any], block_list: list[KVCacheBlock],
+        new_blocks: list[Any], first: int, end: int, size: int, group_id: int,
+        block_mask: Sequence[bool] | None,
+    ) -> None:
+        """cache_full_blocks() once its arguments are checked and caching is on: key
+        ``new_blocks`` (``block_list[first:end]``, each in use, or the null block) with the
+        request's hashes at block size ``size``; vLLM 0.13's way (``BlockPool033`` overrides
+        it). The request's hashes are read, and the event built, before the first key is set."""
         hashes: Sequence[BlockHash] | BlockHashListWithBlockSize = request_hashes
         if size != self.hash_block_size:
-            hashes = (_view_033(request_hashes, self.hash_block_size, size) if self._v033
-                      else BlockHashListWithBlockSize(request_hashes, self.hash_block_size, size))
+            hashes = BlockHashListWithBlockSize(request_hashes, self.hash_block_size, size)
         if end > len(hashes):
             raise InvalidBlockHashError(
                 f"cannot cache blocks [{first}, {end}) with {len(hashes)} block hashes")
-        if self._v033:
-            self._cache_full_blocks_033(request, block_list, first, end, size, group_id,
-                                        hashes, block_mask)
-            return
         if block_mask is not None:
             raise InvalidPoolConfigError("block_mask is vLLM 0.33's; this pool serves 0.13")
         new_hashes = hashes[first:end]
@@ -877,8 +923,7 @@ class BlockPool(BlockOwner):
         policy = self._policy
         blocks = (self.free_block_queue.take_unchecked(count) if policy is None
                   else policy.take(count))
-        if self._reuse_watchers:
-            self._notify_reuse(blocks)
+        self._taken(blocks)
         key_of = self._key_of
         if key_of and not key_of.keys().isdisjoint(blocks):
             self._evict_all(list(filter(key_of.__contains__, blocks)))
@@ -891,14 +936,13 @@ class BlockPool(BlockOwner):
         self._in_use.update(blocks)
         return blocks
 
+    def _taken(self, blocks: list[KVCacheBlock]) -> None:
+        """get_new_blocks(): ``blocks`` have just left the free queue, keys and ref counts
+        still as they were. Nothing to do here; vLLM 0.33's pool calls its reuse watchers
+        (``BlockPool033``), before the keys go, as vLLM 0.33 does."""
+
     def _evict_all(self, keyed: list[KVCacheBlock]) -> None:
         """Drop the keys of keyed blocks (each has one) from the blocks and from the map."""
-        if self._v033:
-            for block in keyed:
-                self._removed_events(self._remove_keys(block))
-            if self.enable_kv_cache_events and self.max_pending_kv_events is not None:
-                self._bound_kv_events()
-            return
         hashes = list(map(self._key_of.pop, keyed))
         if self._policy is not None:
             self._policy.uncached(keyed)
@@ -922,45 +966,45 @@ class BlockPool(BlockOwner):
     def _bound_kv_events(self) -> None:
         """Collapse the pending events into a snapshot of the cache, when more than the bound
         are pending and at least twice as many as the snapshot takes (module docstring). The
-        snapshot: a clear, then one store per key, the blocks' primary keys in block id order,
-        then 0.33's partial entries by block id, each block's in key order."""
+        snapshot: a clear, then one store per key (``_snapshot``)."""
         queue = self.kv_event_queue
         pending = len(queue)
         bound = self.max_pending_kv_events
-        key_of = self._key_of
         if bound is None or pending <= bound:
             return
-        partial = self.cached_block_hashes_by_block
-        num_keys = len(key_of) + (sum(map(len, partial.values())) if partial else 0)
-        if pending < 2 * (num_keys + 1):
+        if pending < 2 * (self._num_keys() + 1):
             return
-        group_of = self._group_of
-        cleared = (self._events_033().AllBlocksCleared if self._v033
-                   else host_types.AllBlocksCleared)
-        snapshot: list[KVCacheEvent] = [cleared()]
+        queue[:] = self._snapshot()  # in place: a caller may hold the queue
+        self.num_kv_event_collapses += 1
+
+    def _num_keys(self) -> int:
+        """How many keys the cache holds: one per keyed block (``BlockPool033`` adds its
+        partial entries)."""
+        return len(self._key_of)
+
+    def _snapshot(self) -> list[KVCacheEvent]:
+        """The events that replay to the cache as it is: a clear, then one store per keyed
+        block, by block id (``BlockPool033`` adds its partial entries after them)."""
+        key_of, group_of = self._key_of, self._group_of
+        snapshot: list[KVCacheEvent] = [self._all_blocks_cleared()]
         for block in sorted(key_of, key=_block_id_of):
             snapshot.append(self._snapshot_stored(key_of[block], group_of.get(block, 0)))
-        for block_id in sorted(partial):
-            for key in sorted(partial[block_id]):
-                snapshot.append(self._snapshot_stored(key[:-4], int.from_bytes(key[-4:], "big")))
-        queue[:] = snapshot  # in place: a caller may hold the queue
-        self.num_kv_event_collapses += 1
+        return snapshot
+
+    def _all_blocks_cleared(self) -> KVCacheEvent:
+        """The event of a cleared cache, of the release's family."""
+        cleared: KVCacheEvent = host_types.AllBlocksCleared()
+        return cleared
 
     def _snapshot_stored(self, block_hash: bytes, group_id: int) -> KVCacheEvent:
         """A snapshot's store of one key: its hash, no parent, no token ids, its group's block
         size (recorded with the key's first store) and no LoRA; the pool keeps no more."""
         block_size = self._stored_block_sizes.get(group_id, self.hash_block_size)
-        external = maybe_convert_block_hash(BlockHash(block_hash))
-        if self._v033:
-            stored_033: KVCacheEvent = self._events_033().BlockStored(
-                block_hashes=[external], parent_block_hash=None, token_ids=[],
-                block_size=block_size, lora_id=None, medium=self.medium, lora_name=None,
-                group_idx=group_id)
-            return stored_033
-        stored_013: KVCacheEvent = host_types.BlockStored(
-            block_hashes=[external], parent_block_hash=None, token_ids=[],
-            block_size=block_size, lora_id=None, medium=MEDIUM_GPU)
-        return stored_013
+        stored: KVCacheEvent = host_types.BlockStored(
+            block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
+            parent_block_hash=None, token_ids=[], block_size=block_size, lora_id=None,
+            medium=MEDIUM_GPU)
+        return stored
 
     def touch(
         self, blocks: Sequence[Sequence[KVCacheBlock]] | Sequence[KVCacheBlock]
@@ -969,12 +1013,12 @@ class BlockPool(BlockOwner):
 
         Takes vLLM 0.13's tuple of per-group block lists, or one flat list (0.33).
         """
-        items = _listed(blocks, "blocks")
+        items = as_list(blocks, "blocks")
         flat: list[Any]
         if items and not isinstance(items[0], KVCacheBlock):  # per-group lists
             flat = []
             for group in items:
-                flat += _listed(group, "each group of blocks")
+                flat += as_list(group, "each group of blocks")
         else:
             flat = items
         in_use = self._in_use
@@ -1015,16 +1059,13 @@ class BlockPool(BlockOwner):
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Ref - 1 for each block; blocks reaching 0 go to the free queue's tail in order."""
-        blocks: list[Any] = _listed(ordered_blocks, "blocks")
+        blocks: list[Any] = as_list(ordered_blocks, "blocks")
         in_use, shared = self._in_use, self._shared
         if not _is_subset(blocks, in_use):
             null = self.null_block
             blocks = [b for b in blocks if b is not null]
-            if self._v033:
-                foreign = self._foreign_blocks(blocks)
-                if foreign:
-                    self._free_and_forward(blocks, foreign)
-                    return
+            if self._free_foreign(blocks):
+                return
             self._check_owned(blocks)
             if not in_use.issuperset(blocks):
                 stranger = next(b for b in blocks if b not in in_use)
@@ -1051,23 +1092,20 @@ class BlockPool(BlockOwner):
                     shared.discard(block)
         self._release(blocks)
 
+    def _free_foreign(self, blocks: list[Any]) -> bool:
+        """free_blocks() where ``blocks`` (no null block) are not all in use: whether some are
+        another pool's, and if so frees them all. vLLM 0.13's pool frees only its own blocks
+        (False: free_blocks refuses the strangers); vLLM 0.33's forwards them to their pool
+        (``BlockPool033``)."""
+        return False
+
     def _release(self, zeroed: list[KVCacheBlock]) -> None:
         """Blocks that reached ref 0 (in that order) join the free queue where the policy
         puts them (LRU: the tail)."""
         if self._policy is not None:
             self._policy.freed(zeroed)
-        elif not self._v033:
+        else:
             self.free_block_queue.extend_unchecked(zeroed)
-        elif not self.enable_caching:  # vLLM 0.33: every block LIFO (reused first)
-            self.free_block_queue.prepend_unchecked(zeroed)
-        else:  # vLLM 0.33: unkeyed blocks to the head (LIFO), keyed ones to the tail (LRU)
-            key_of = self._key_of
-            if key_of.keys().isdisjoint(zeroed):
-                self.free_block_queue.prepend_unchecked(zeroed)
-            else:
-                self.free_block_queue.prepend_unchecked(
-                    [b for b in zeroed if b not in key_of])
-                self.free_block_queue.extend_unchecked(list(filter(key_of.__contains__, zeroed)))
 
     def _free_one_by_one(self, blocks: list[KVCacheBlock]) -> None:
         """free_blocks() when a block is listed twice: each listing drops one reference."""
@@ -1114,26 +1152,22 @@ class BlockPool(BlockOwner):
                 num_used - 1,
             )
             return False
-        self.cached_block_hash_to_block.clear_unchecked()
-        self._key_of.clear()
-        self._group_of.clear()
-        if self._v033:
-            self.cached_block_hashes_by_block.clear()
-            self._tokens_of.clear()
-            if self._reuse_watchers:
-                self._notify_reuse([self._block(i) for i in list(self._reuse_watchers)])
-            logger.info("Successfully reset prefix cache")
+        self._clear_keys()
         if self._policy is not None:
             self._policy.reset()
         if self.metrics_collector is not None:
             self.metrics_collector.reset()
         if self.enable_kv_cache_events:
-            cleared = (self._events_033().AllBlocksCleared if self._v033
-                       else host_types.AllBlocksCleared)
-            self.kv_event_queue.append(cleared())
+            self.kv_event_queue.append(self._all_blocks_cleared())
             if self.max_pending_kv_events is not None:
                 self._bound_kv_events()
         return True
+
+    def _clear_keys(self) -> None:
+        """reset_prefix_cache(), once allowed: forget every key."""
+        self.cached_block_hash_to_block.clear_unchecked()
+        self._key_of.clear()
+        self._group_of.clear()
 
     def _check(self) -> None:
         """``check_representation()``, by its former name."""
@@ -1177,16 +1211,26 @@ class BlockPool(BlockOwner):
                                  f"not add up to {self.num_gpu_blocks - 1} blocks")
         if not self._group_of.keys() <= self._key_of.keys() or 0 in self._group_of.values():
             raise AssertionError("block pool: _group_of lists a block without a key, or group 0")
+        self._check_keys()
+        if self._policy is not None:
+            self._policy.check()
+
+    def _check_keys(self) -> None:
+        """check_representation()'s keys: ``_key_of`` and ``_group_of`` list exactly the
+        blocks the map holds, each under its one key (``BlockPool033`` allows more)."""
+        self._check_keys_beside({})
+
+    def _check_keys_beside(self, partial: dict[int, set[BlockHashWithGroupId]]) -> None:
+        """The keys' part of the representation invariant, where block id -> ``partial`` are
+        keys the map holds a block under besides its own (vLLM 0.33's partial entries)."""
         cache_map = self.cached_block_hash_to_block
-        by_block = self.cached_block_hashes_by_block
-        multi_key = [self._objects[i] for i in by_block if 0 <= i < self.num_gpu_blocks]
+        multi_key = [self._objects[i] for i in partial if 0 <= i < self.num_gpu_blocks]
         cache_map.check_representation(
-            {b for b in multi_key if b is not None} if by_block else ())
-        self._check_033_state()
+            {b for b in multi_key if b is not None} if partial else ())
         mapped: dict[KVCacheBlock, bytes] = {}
         for key, blocks in cache_map.items():
             for block in blocks:
-                if block.block_id not in by_block or key not in by_block[block.block_id]:
+                if block.block_id not in partial or key not in partial[block.block_id]:
                     mapped[block] = key
         if mapped.keys() != self._key_of.keys():
             raise AssertionError(f"block pool: the map holds blocks "
@@ -1197,8 +1241,6 @@ class BlockPool(BlockOwner):
             if mapped[block] != key:
                 raise AssertionError(f"block pool: block {block.block_id} is keyed {key!r} but "
                                      f"mapped under {mapped[block]!r}")
-        if self._policy is not None:
-            self._policy.check()
 
     # -- eviction policy operations (impl/eviction.py) --------------------------------
 
@@ -1275,13 +1317,11 @@ class BlockPool(BlockOwner):
                      on_reuse: Callable[[KVCacheBlock], object] | None = None) -> None:
         """Drop pins: each releases its reference (a block reaching 0 becomes free).
 
-        With ``on_reuse``, vLLM 0.33's ``unpin_blocks(blocks, on_reuse)`` instead: blocks (not
-        ids) drop a reference, those reaching 0 join the tail of the free queue while they
-        stay readable, and ``on_reuse(block)`` runs when the pool hands the block out again
-        or the prefix cache is reset."""
+        ``on_reuse`` is vLLM 0.33's ``unpin_blocks(blocks, on_reuse)`` (``BlockPool033``),
+        refused here."""
         if on_reuse is not None:
-            self._unpin_watched(block_ids, on_reuse)
-            return
+            raise PolicyNotSupportedError(
+                "unpin_blocks(blocks, on_reuse) is vLLM 0.33's; this pool serves 0.13")
         policy = self._require(self._policy is not None and self._policy.has_pins, "pins")
         blocks = self._policy_blocks(block_ids, once=True)
         pinned = policy.pinned
@@ -1290,418 +1330,6 @@ class BlockPool(BlockOwner):
                 raise BlockNotPinnedError(f"block {block.block_id} is not pinned")
         pinned.difference_update(blocks)
         self.free_blocks(blocks)
-
-    # -- vLLM 0.33's pool operations (vllm_api="0.33"; module docstring) -----------------
-
-    def _check_033_state(self) -> None:
-        """The 0.33 part of the representation invariant: partial entries and token counts
-        belong to keyed blocks only (a partial key never outlives its block's primary key),
-        watchers to blocks of the pool, and a 0.13 pool has none of them."""
-        if not self._v033 and (self.cached_block_hashes_by_block or self._tokens_of
-                               or self._reuse_watchers):
-            raise AssertionError("block pool: 0.33 state in a vLLM 0.13 pool")
-        for block_id, keys in self.cached_block_hashes_by_block.items():
-            block = self._objects[block_id] if 0 <= block_id < self.num_gpu_blocks else None
-            if block is None or block not in self._key_of or not keys:
-                raise AssertionError(f"block pool: partial keys of block {block_id}, which "
-                                     f"has no primary key")
-            for key in keys:
-                block_hash, group_id = key[:-4], int.from_bytes(key[-4:], "big")
-                if not any(b is block for b in
-                           self.cached_block_hash_to_block._blocks(group_id, block_hash)):
-                    raise AssertionError(f"block pool: partial key {key!r} of block "
-                                         f"{block_id} is not in the map")
-        if not self._tokens_of.keys() <= self._key_of.keys():
-            raise AssertionError("block pool: a token count for a block without a key")
-        if any(not 0 < i < self.num_gpu_blocks for i in self._reuse_watchers):
-            raise AssertionError("block pool: a reuse watcher on a block outside the pool")
-
-    def _require_033(self, operation: str) -> None:
-        if not self._v033:
-            raise PolicyNotSupportedError(f"{operation} is vLLM 0.33's; this pool serves 0.13")
-        if self._policy is not None:
-            raise PolicyNotSupportedError(
-                f"{operation} moves keys between blocks, which the pool's eviction policy "
-                f"{self._policy.name!r} does not follow")
-
-    def _remove_keys(self, block: KVCacheBlock) -> list[tuple[int, bytes]]:
-        """Drop every key of ``block`` (its primary key, then its partial entries) from the
-        block and the map; returns them as (group id, block hash)."""
-        block_hash = self._key_of.pop(block, None)
-        if block_hash is None:
-            return []
-        group_id = self._group_of.pop(block, 0)
-        self._tokens_of.pop(block, None)
-        cache_map = self.cached_block_hash_to_block
-        cache_map.remove_unchecked(group_id, block_hash, block)
-        removed = [(group_id, block_hash)]
-        extra = (self.cached_block_hashes_by_block.pop(block.block_id, None)
-                 if self.cached_block_hashes_by_block else None)
-        if extra:
-            for key in extra:
-                other_hash, other_group = key[:-4], int.from_bytes(key[-4:], "big")
-                cache_map.remove_unchecked(other_group, other_hash, block)
-                removed.append((other_group, other_hash))
-        if self._policy is not None:
-            self._policy.uncached([block])
-        return removed
-
-    def _events_033(self) -> Any:
-        """The classes of 0.33's events: vLLM's own inside vLLM 0.33 (``host_types``), else
-        impl's map-encoded 0.33 family (``kv_events.event_classes``): next to vLLM 0.13 the
-        host's classes lack 0.33's fields, so a pool serving 0.33's API uses impl's."""
-        if host_types.bound_to() == "vllm" and host_profile.current().profile == "vllm-0.33":
-            return _VllmEvents(host_types.BlockStored, host_types.BlockRemoved,
-                               host_types.AllBlocksCleared)
-        return event_classes("vllm-0.33")
-
-    def _removed_events(self, removed: list[tuple[int, bytes]]) -> None:
-        """One 0.33 ``BlockRemoved`` per key, with its group."""
-        if not self.enable_kv_cache_events or not removed:
-            return
-        event, medium = self._events_033().BlockRemoved, self.medium
-        self.kv_event_queue.extend(
-            event(block_hashes=[maybe_convert_block_hash(BlockHash(block_hash))],
-                  medium=medium, group_idx=group_id)
-            for group_id, block_hash in removed)
-        # Not bounded here: the operation that removed the keys bounds once at its end, when
-        # its keys are in place (a snapshot taken midway would miss them).
-
-    def _insert_key(self, group_id: int, block_hash: bytes, block: KVCacheBlock,
-                    num_tokens: int | None) -> None:
-        """Cache ``block`` under the key: its primary key (with ``num_tokens``) if it has none,
-        else a partial entry; nothing when it is already cached under it."""
-        primary = self._key_of.get(block)
-        if primary is None:
-            self._key_of[block] = block_hash
-            if group_id:
-                self._group_of[block] = group_id
-            if num_tokens is not None:
-                self._tokens_of[block] = num_tokens
-        else:
-            if primary == block_hash and self._group_of.get(block, 0) == group_id:
-                return
-            key = BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
-            extra = self.cached_block_hashes_by_block.get(block.block_id)
-            if extra is None:
-                self.cached_block_hashes_by_block[block.block_id] = {key}
-            elif key in extra:
-                return
-            else:
-                extra.add(key)
-        self.cached_block_hash_to_block.insert_unchecked(group_id, block_hash, block)
-
-    def _insert_block_hash(self, block_hash_with_group_id: HashBytes, block: BlockLike,
-                           num_tokens: SupportsIndex | None) -> None:
-        """vLLM 0.33's name, which its CPU-offloading manager calls: cache ``block`` under the
-        key (primary key or partial entry), no event."""
-        self._require_033("_insert_block_hash")
-        block_hash, group_id = _split_key(block_hash_with_group_id)
-        owned = self._own(block)
-        if owned is self.null_block:
-            raise BlockNotInPoolError("the null block is never cached")
-        tokens = None if num_tokens is None else _check_count("num_tokens", num_tokens)
-        self._insert_key(_check_group_id(group_id), block_hash, owned, tokens)
-
-    def _maybe_evict_cached_block(self, block: BlockLike) -> bool:
-        """vLLM 0.33's name, which its Mamba manager calls: drop every key of ``block`` (with
-        their events); whether it had any."""
-        owned = self._own(block)
-        if self.metrics_collector is not None:
-            self.metrics_collector.on_block_evicted(owned)
-        removed = self._remove_keys(owned)
-        self._removed_events(removed)
-        if removed and self.enable_kv_cache_events and self.max_pending_kv_events is not None:
-            self._bound_kv_events()
-        return bool(removed)
-
-    def _notify_reuse(self, blocks: Iterable[KVCacheBlock]) -> None:
-        watchers = self._reuse_watchers
-        for block in blocks:
-            watcher = watchers.pop(block.block_id, None)
-            if watcher is not None:
-                watcher(block)
-
-    def _foreign_blocks(self, blocks: list[Any]) -> dict[Any, list[Any]]:
-        """vLLM 0.33: the blocks another pool owns, by pool (a null block of any pool is
-        skipped). Empty when all are this pool's, the common case."""
-        foreign: dict[Any, list[Any]] = {}
-        for block in blocks:
-            pool = getattr(block, "pool", None)
-            if pool is not None and pool is not self and callable(
-                    getattr(pool, "free_blocks", None)):
-                foreign.setdefault(pool, []).append(block)
-        return foreign
-
-    def _free_and_forward(self, blocks: list[Any], foreign: dict[Any, list[Any]]) -> None:
-        """free_blocks() with other pools' blocks: this pool's first, then each other pool's
-        list, forwarded to it in order (vLLM 0.33's multi-pool deferred frees)."""
-        strangers = {id(b) for listed in foreign.values() for b in listed}
-        own = [b for b in blocks if id(b) not in strangers
-               and getattr(b, "is_null", False) is not True]
-        self.free_blocks(own)
-        for pool, listed in foreign.items():
-            pool.free_blocks([b for b in listed if getattr(b, "is_null", False) is not True])
-
-    def _unpin_watched(self, blocks: Iterable[Any],
-                       on_reuse: Callable[[KVCacheBlock], object]) -> None:
-        """vLLM 0.33's unpin_blocks(blocks, on_reuse) (see unpin_blocks)."""
-        listed: list[Any] = _listed(blocks, "blocks")
-        if not callable(on_reuse):
-            raise InvalidPoolConfigError(f"on_reuse must be callable, got {on_reuse!r}")
-        self._check_owned(listed)
-        counts: dict[KVCacheBlock, int] = {}
-        for block in listed:
-            counts[block] = counts.get(block, 0) + 1
-        for block, times in counts.items():
-            if block is self.null_block or self._ref_count(block) < times:
-                raise BlockNotInUseError(f"block {block.block_id} is unpinned with ref count "
-                                         f"{self._ref_count(block)}")
-        released = []
-        in_use, shared, watchers = self._in_use, self._shared, self._reuse_watchers
-        for block in listed:
-            if block.extra_refs:
-                block.extra_refs -= 1
-                if not block.extra_refs:
-                    shared.discard(block)
-            else:
-                in_use.discard(block)
-                released.append(block)
-            watchers[block.block_id] = on_reuse
-        if self._policy is not None:
-            self._policy.freed(released)
-        else:
-            self.free_block_queue.extend_unchecked(released)
-
-    def is_block_writable(self, block: BlockLike) -> bool:
-        """vLLM 0.33: whether its sole owner may write the block (ref count 1, no key)."""
-        if block is self.null_block:
-            return False
-        owned = self._own(block)
-        return self._ref_count(owned) == 1 and owned not in self._key_of
-
-    def move_block_hashes(self, src_block: BlockLike, dst_block: BlockLike) -> None:
-        """vLLM 0.33's copy-on-write: every key of ``src_block`` moves to ``dst_block`` (the
-        private copy), which has none; the entries stay live and no event is sent."""
-        self._require_033("move_block_hashes")
-        src, dst = self._own(src_block), self._own(dst_block)
-        null = self.null_block
-        if src is null or dst is null:
-            raise BlockNotInPoolError("the null block holds no keys")
-        if dst in self._key_of or dst.block_id in self.cached_block_hashes_by_block:
-            raise BlockAlreadyCachedError(
-                f"block {dst.block_id} already has a key {dst.block_hash!r}")
-        num_tokens = self._tokens_of.get(src)
-        for group_id, block_hash in self._remove_keys(src):
-            self._insert_key(group_id, block_hash, dst, num_tokens)
-
-    def _event_keys(self, request: Any, start: int, end: int, mm_idx: int
-                    ) -> tuple[tuple[Any, ...] | None, int]:
-        """The tagged extra keys of tokens [start, end) for an event (with the lookahead
-        tokens when the pool hashes them) and the next block's multimodal index."""
-        lookahead = self.num_hash_lookahead_tokens
-        if not lookahead:
-            return generate_block_hash_extra_keys(request, start, end, mm_idx)
-        keys, next_idx = generate_block_hash_extra_keys(request, start, end + lookahead, mm_idx)
-        features = request.mm_features
-        while next_idx > 0:  # rewind to the features that reach into the next block
-            position = features[next_idx - 1].mm_position
-            if position.offset + position.length <= end:
-                break
-            next_idx -= 1
-        return keys, next_idx
-
-    def _stored_event_033(self, request: Any, block_hashes: list[Any], parent: Any,
-                          start: int, end: int, block_size: int, group_id: int,
-                          extra_keys: list[tuple[Any, ...] | None],
-                          lookahead_token_ids: list[list[int]] | None) -> Any:
-        """vLLM 0.33's ``BlockStored``, with its optional fields."""
-        lora = request.lora_request
-        return self._events_033().BlockStored(
-            block_hashes=block_hashes,
-            parent_block_hash=parent,
-            token_ids=list(request.all_token_ids[start:end]),
-            block_size=block_size,
-            lora_id=None if lora is None else lora.adapter_id,
-            medium=self.medium,
-            lora_name=None if lora is None else lora.name,
-            extra_keys=_event_extra_keys(extra_keys),
-            group_idx=group_id,
-            session_id=getattr(request, "session_id", None),
-            lookahead_token_ids=lookahead_token_ids,
-        )
-
-    def _lookahead_ids(self, request: Any, end: int) -> list[int]:
-        return list(request.all_token_ids[end : end + self.num_hash_lookahead_tokens])
-
-    def _cache_full_blocks_033(
-        self, request: Any, block_list: list[Any], first: int, end: int, size: int,
-        group_id: int, hashes: Sequence[BlockHash] | BlockHashListWithBlockSize,
-        block_mask: Sequence[bool] | None,
-    ) -> None:
-        """cache_full_blocks() of a 0.33 pool: null and masked-out blocks skipped, a block
-        keyed by a shorter (partial) prefix promoted to its full key, 0.33's events."""
-        new_blocks = block_list[first:end]
-        if block_mask is not None:
-            mask = _listed(block_mask, "block_mask")
-            if len(mask) != len(new_blocks):
-                raise InvalidBlockListError(f"block_mask has {len(mask)} entries for "
-                                            f"{len(new_blocks)} blocks")
-        null = self.null_block
-        kept = [i for i, b in enumerate(new_blocks)
-                if b is not null and (block_mask is None or mask[i])]
-        key_of, tokens_of = self._key_of, self._tokens_of
-        # Read as objects: the compiled build would unbox a non-bytes entry with a TypeError.
-        raw_hashes: Any = hashes
-        seen: set[KVCacheBlock] = set()
-        for i in kept:
-            block = new_blocks[i]
-            if block in seen:
-                raise BlockAlreadyCachedError(f"block {block.block_id} appears twice")
-            seen.add(block)
-            if block in key_of:
-                covered = tokens_of.get(block)
-                if covered is None or covered >= (first + i + 1) * size:
-                    raise BlockAlreadyCachedError(
-                        f"block {block.block_id} already has a key {block.block_hash!r}")
-            if type(raw_hashes[first + i]) is not bytes:
-                raise InvalidBlockHashError(f"block hash must be bytes, got "
-                                            f"{raw_hashes[first + i]!r}")
-        if not kept and not self.enable_kv_cache_events:
-            return
-        # With events on, a range of only null (or masked-out) blocks still reports an empty
-        # BlockStored, as vLLM 0.33's cache_full_blocks does (docs/findings.md, D2).
-        stored = None
-        if self.enable_kv_cache_events:
-            extra_keys: list[tuple[Any, ...] | None] = []
-            lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
-            mm_idx = 0
-            for i in kept:
-                start = (first + i) * size
-                keys, mm_idx = self._event_keys(request, start, start + size, mm_idx)
-                extra_keys.append(keys)
-                if lookahead is not None:
-                    lookahead.append(self._lookahead_ids(request, start + size))
-            parent = None if first == 0 else maybe_convert_block_hash(hashes[first - 1])
-            stored = self._stored_event_033(
-                request, [maybe_convert_block_hash(hashes[first + i]) for i in kept], parent,
-                first * size, end * size, size, group_id, extra_keys, lookahead)
-        policy = self._policy
-        hints = None if policy is None else policy.check_hints(request)
-        # Nothing has changed yet; from here on nothing can fail.
-        for i in kept:
-            block = new_blocks[i]
-            if block in key_of:  # a partial entry's block, now full: its keys go first
-                self._removed_events(self._remove_keys(block))
-            self._insert_key(group_id, hashes[first + i], block, (first + i + 1) * size)
-        if stored is not None:
-            self.kv_event_queue.append(stored)
-            self._stored_block_sizes[group_id] = size
-            if self.max_pending_kv_events is not None:
-                self._bound_kv_events()
-        if hints:  # the request's retention hints, as in 0.13's path
-            policy.cached(hints, block_list[first:end], first, size)  # type: ignore[union-attr]
-
-    def emit_cached_block_events(self, request: RequestToCache, num_cached_blocks: SupportsIndex,
-                                 block_size: SupportsIndex, kv_cache_group_id: SupportsIndex
-                                 ) -> None:
-        """vLLM 0.33's "full" report mode: one ``BlockStored`` for the request's first
-        ``num_cached_blocks`` blocks, hit in the prefix cache; the pool does not change."""
-        count = _check_count("num_cached_blocks", num_cached_blocks)
-        size = _check_count("block_size", block_size, 1)
-        group_id = _check_group_id(kv_cache_group_id)
-        if not self.enable_kv_cache_events or count == 0:
-            return
-        request_hashes = list(getattr(request, "block_hashes", ()))
-        hashes: Sequence[BlockHash] = request_hashes
-        if size != self.hash_block_size:
-            hashes = _view_033(request_hashes, self.hash_block_size, size)
-        if count > len(hashes):
-            raise InvalidBlockHashError(
-                f"cannot report {count} cached blocks with {len(hashes)} block hashes")
-        extra_keys: list[tuple[Any, ...] | None] = []
-        lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
-        mm_idx = 0
-        for i in range(count):
-            keys, mm_idx = self._event_keys(request, i * size, (i + 1) * size, mm_idx)
-            extra_keys.append(keys)
-            if lookahead is not None:
-                lookahead.append(self._lookahead_ids(request, (i + 1) * size))
-        self.kv_event_queue.append(self._stored_event_033(
-            request, [maybe_convert_block_hash(hashes[i]) for i in range(count)], None, 0,
-            count * size, size, group_id, extra_keys, lookahead))
-        if self.max_pending_kv_events is not None:
-            self._bound_kv_events()
-
-    def cache_partial_block(
-        self,
-        request: RequestToCache,
-        block: BlockLike,
-        num_tokens: SupportsIndex,
-        kv_cache_group_id: SupportsIndex,
-        block_size: SupportsIndex,
-        replace_existing_hashes: Flag = False,
-    ) -> BlockHashWithGroupId | None:
-        """vLLM 0.33: make ``block`` reachable from the prefix of ``num_tokens`` tokens (a
-        multiple of the hash block size), the request's chain hash there: its primary key if
-        it has none, else a partial entry. A block keyed by a shorter prefix, or every key
-        with ``replace_existing_hashes``, loses its keys first. Returns the key (None for the
-        null block)."""
-        self._require_033("cache_partial_block")
-        if block is self.null_block:
-            return None
-        owned = self._own(block)
-        tokens = _check_count("num_tokens", num_tokens, 1)
-        size = _check_count("block_size", block_size, 1)
-        group_id = _check_group_id(kv_cache_group_id)
-        replace = _flag("replace_existing_hashes", replace_existing_hashes)
-        unit = self.hash_block_size
-        request_hashes = getattr(request, "block_hashes", None)
-        if type(request_hashes) is not list:
-            raise InvalidRequestForCachingError(
-                f"{request!r} is not a request: it has no list of block hashes")
-        if size % unit or tokens % unit or tokens // unit > len(request_hashes):
-            raise InvalidBlockCountError(
-                f"num_tokens {tokens} and block_size {size} must be multiples of the hash "
-                f"block size {unit}, within the request's {len(request_hashes)} hashes")
-        num_hash_blocks = tokens // unit
-        block_hash = request_hashes[num_hash_blocks - 1]
-        if type(block_hash) is not bytes:
-            raise InvalidBlockHashError(f"block hash must be bytes, got {block_hash!r}")
-        key = BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
-        primary = self._key_of.get(owned)
-        extra = self.cached_block_hashes_by_block.get(owned.block_id, ())
-        already = (primary == block_hash and self._group_of.get(owned, 0) == group_id) or (
-            key in extra)
-        stored = None
-        if self.enable_kv_cache_events and (replace or not already):
-            start = (num_hash_blocks - 1) * unit
-            parent = request_hashes[num_hash_blocks - 2] if num_hash_blocks > 1 else None
-            mm_idx = 0
-            features = request.mm_features if hasattr(request, "mm_features") else None
-            if start > 0 and features:
-                mm_idx = _first_mm_feature_ending_after(features, start)
-            keys, _ = self._event_keys(request, start, tokens, mm_idx)
-            stored = self._stored_event_033(
-                request, [maybe_convert_block_hash(BlockHash(block_hash))],
-                None if parent is None else maybe_convert_block_hash(parent), start, tokens,
-                tokens - start, group_id, [keys],
-                [self._lookahead_ids(request, tokens)] if self.num_hash_lookahead_tokens
-                else None)
-        # Nothing has changed yet; from here on nothing can fail.
-        covered = self._tokens_of.get(owned)
-        if replace or (not already and primary is not None and covered is not None
-                       and covered < tokens):
-            self._removed_events(self._remove_keys(owned))
-        self._insert_key(group_id, block_hash, owned, tokens)
-        if stored is not None:
-            self.kv_event_queue.append(stored)
-            # The group's block size, for a snapshot's BlockStored of this key (a group whose
-            # keys are all partial entries has stored no full block to take it from).
-            self._stored_block_sizes[group_id] = size
-        if self.enable_kv_cache_events and self.max_pending_kv_events is not None:
-            self._bound_kv_events()
-        return key
 
     # -- accounting ----------------------------------------------------------------------
 

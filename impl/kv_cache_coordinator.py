@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import SupportsIndex
 
-from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.block_pool import BlockPool, new_pool
 from kvspec.impl.checks import (
     MAX_NUM_TOKENS,
     Flag,
@@ -165,11 +165,11 @@ class KVCacheCoordinator:
         self.dcp_world_size: int = settings.dcp_world_size
         self.pcp_world_size: int = settings.pcp_world_size
         self.hash_block_size: int = settings.hash_block_size
-        self.block_pool = BlockPool(config.num_blocks, settings.enable_caching,
-                                    settings.hash_block_size, settings.enable_kv_cache_events,
-                                    settings.metrics_collector,
-                                    max_pending_kv_events=settings.max_pending_kv_events,
-                                    eviction_policy=settings.eviction_policy)
+        self.block_pool = new_pool(config.num_blocks, settings.enable_caching,
+                                   settings.hash_block_size, settings.enable_kv_cache_events,
+                                   settings.metrics_collector,
+                                   max_pending_kv_events=settings.max_pending_kv_events,
+                                   eviction_policy=settings.eviction_policy)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
                 group.kv_cache_spec,

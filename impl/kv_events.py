@@ -1,6 +1,7 @@
 """KV-cache events on vLLM's wire (``vllm/distributed/kv_events.py``): msgspec structs, vLLM
-0.13's array-encoded ones (``BlockStored``, ...) and vLLM 0.33's map-encoded ones
-(``BlockStoredV033``, ..., below; ``event_classes`` picks by profile).
+0.13's array-encoded ones (``BlockStored``, ...), and the aggregator. vLLM 0.33's map-encoded
+family (``BlockStoredV033``, ...) and ``event_classes``, which picks a family by profile, are
+in ``kvspec.impl.kv_events_033``; they are still importable from here (``__getattr__``).
 
 The block pool queues one ``BlockStored`` per ``cache_full_blocks`` call that caches a block,
 one ``BlockRemoved`` per evicted key and one ``AllBlocksCleared`` per successful prefix-cache
@@ -40,8 +41,9 @@ decode. What consumes events here, the aggregator, refuses one it cannot count.
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
-from typing import Any, NamedTuple, SupportsIndex
+from typing import Any, SupportsIndex
 
 import msgspec
 
@@ -53,25 +55,31 @@ from kvspec.impl.errors import (
 from kvspec.impl.hashing import ExternalBlockHash
 
 __all__ = [
-    "EVENT_CLASSES",
     "MEDIUM_GPU",
     "AllBlocksCleared",
-    "AllBlocksClearedV033",
     "BlockRemoved",
-    "BlockRemovedV033",
     "BlockStored",
-    "BlockStoredV033",
     "EventBatch",
-    "EventClasses",
     "InvalidEventsError",
     "InvalidWorkerCountError",
     "KVCacheEvent",
-    "KVCacheEventV033",
     "KVEventAggregator",
     "KVEventBatch",
-    "KVEventBatchV033",
-    "event_classes",
 ]
+
+# vLLM 0.33's family and the table of both, where they were before they had their own module
+# (kvspec.impl.kv_events_033, which imports this one: so they are looked up there on use).
+MOVED_TO_KV_EVENTS_033 = frozenset({
+    "EVENT_CLASSES", "AllBlocksClearedV033", "BlockRemovedV033", "BlockStoredV033",
+    "EventClasses", "KVCacheEventV033", "KVEventBatchV033", "event_classes"})
+
+
+def __getattr__(name: str) -> object:
+    """PEP 562, called only for a name this module lacks: vLLM 0.33's names, from
+    ``kvspec.impl.kv_events_033``."""
+    if name in MOVED_TO_KV_EVENTS_033:
+        return getattr(importlib.import_module("kvspec.impl.kv_events_033"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 MEDIUM_GPU = "GPU"
 
@@ -135,114 +143,6 @@ class KVEventBatch(EventBatch):
     """A batch of the KV-cache events the block pool emits."""
 
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
-
-# --------------------------------------------------------------------------- vLLM 0.33's wire
-#
-# vLLM 0.33 (PR #42892) dropped ``array_like`` from ``KVCacheEvent``: each event is a msgpack
-# map ``{"type": tag, name: value, ...}``, written with ``omit_defaults`` (a field still at its
-# default None is left out). ``BlockStored`` gained a required ``lora_name`` and eight optional
-# fields, ``BlockRemoved`` three; the batch itself stays an array. These classes give vLLM
-# 0.33's bytes (``spec.events.encode_batch`` under the vllm-0.33 profile states them), and
-# ``KVEventBatchV033`` decodes vLLM 0.33's. They subclass ``KVCacheEvent`` (so the aggregator
-# counts them) with ``array_like`` turned off; their tags are vLLM's class names.
-# ``event_classes`` picks a release's family.
-
-
-class KVCacheEventV033(KVCacheEvent, array_like=False, frozen=True):
-    """Base class of vLLM 0.33's map-encoded events."""
-
-
-def _frozen(value: Any) -> Any:
-    """``value`` with every list a tuple, all the way down: a decoded event's extra keys hold
-    lists (msgpack has one array type), which ``hash`` refuses."""
-    if isinstance(value, list | tuple):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
-class BlockStoredV033(KVCacheEventV033, tag="BlockStored", frozen=True):
-    """vLLM 0.33's ``BlockStored``: 0.13's fields, the LoRA name, and the optional fields."""
-
-    block_hashes: list[ExternalBlockHash]
-    parent_block_hash: ExternalBlockHash | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    # One entry per hash, untagged (``hashing.to_event_extra_keys``).
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-    # The L tokens after each block that its hash covers (lookahead hashing); None without.
-    lookahead_token_ids: list[list[int]] | None = None
-
-    def __hash__(self) -> int:
-        return hash((
-            tuple(self.block_hashes), self.parent_block_hash, tuple(self.token_ids),
-            self.block_size, self.lora_id, self.medium, self.lora_name,
-            _frozen(self.extra_keys), self.group_idx, self.kv_cache_spec_kind,
-            self.kv_cache_spec_sliding_window, self.locality, self.ownership, self.session_id,
-            _frozen(self.lookahead_token_ids),
-        ))
-
-
-class BlockRemovedV033(KVCacheEventV033, tag="BlockRemoved", frozen=True):
-    """vLLM 0.33's ``BlockRemoved``: one per removed key, with its group."""
-
-    block_hashes: list[ExternalBlockHash]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-    def __hash__(self) -> int:
-        return hash((tuple(self.block_hashes), self.medium, self.group_idx, self.locality,
-                     self.ownership))
-
-
-class AllBlocksClearedV033(KVCacheEventV033, tag="AllBlocksCleared", frozen=True):
-    """The whole prefix cache was reset (``{"type": "AllBlocksCleared"}``)."""
-
-
-class KVEventBatchV033(EventBatch):
-    """A batch of vLLM 0.33's events (the batch is still an array)."""
-
-    events: list[BlockStoredV033 | BlockRemovedV033 | AllBlocksClearedV033]
-
-
-class EventClasses(NamedTuple):
-    """One release's event classes."""
-
-    BlockStored: type[KVCacheEvent]
-    BlockRemoved: type[KVCacheEvent]
-    AllBlocksCleared: type[KVCacheEvent]
-    KVEventBatch: type[EventBatch]
-
-
-EVENT_CLASSES: dict[str, EventClasses] = {
-    "vllm-0.13": EventClasses(BlockStored, BlockRemoved, AllBlocksCleared, KVEventBatch),
-    "vllm-0.33": EventClasses(BlockStoredV033, BlockRemovedV033, AllBlocksClearedV033,
-                              KVEventBatchV033),
-}
-
-
-def event_classes(profile: str) -> EventClasses:
-    """The event classes of a spec profile (``"vllm-0.13"``: arrays; ``"vllm-0.33"``: maps
-    with the new fields); kvspec's own profile, ``"kvspec"``, writes 0.13's arrays."""
-    if profile == "kvspec":
-        profile = "vllm-0.13"
-    try:
-        return EVENT_CLASSES[profile]
-    except (KeyError, TypeError):
-        raise InvalidEventsError(
-            f"no event classes for profile {profile!r}; expected one of "
-            f"{sorted(EVENT_CLASSES)} or 'kvspec'") from None
 
 
 class KVEventAggregator:

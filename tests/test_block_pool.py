@@ -3,13 +3,28 @@ it against the spec on every single-group admission)."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvspec.conformance.pool_machine import chain_hash
-from kvspec.impl.block_pool import BlockPool, InvalidBlockHashError
+from kvspec.impl import COMPILED_MODULES, block_pool
+from kvspec.impl.block_pool import (
+    BlockPool,
+    InvalidBlockHashError,
+    InvalidPoolConfigError,
+    PolicyNotSupportedError,
+)
+from kvspec.impl.block_pool_033 import BlockPool033
 from kvspec.impl.hashing import BlockHash, maybe_convert_block_hash
+from kvspec.impl.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from kvspec.impl.kv_cache_manager import KVCacheManager
 
 
 def external(block_hash: bytes) -> bytes | int:
@@ -92,15 +107,101 @@ def test_033_free_order_unkeyed_first_keyed_last() -> None:
     assert _ids(off.free_block_queue.get_all_free_blocks())[:2] == [1, 2]
 
 
-def test_013_pool_keeps_fifo_and_refuses_033_operations() -> None:
+def test_013_pool_keeps_fifo_and_has_none_of_033s_operations() -> None:
+    """A 0.13 pool is vLLM 0.13's: FIFO frees, none of 0.33's operations (they are
+    BlockPool033's), and 0.33's arguments to the ones they share are refused, typed."""
     pool: Any = BlockPool(8, True, 2, vllm_api="0.13")
+    assert type(pool) is BlockPool and pool.vllm_api == "0.13"
     blocks = pool.get_new_blocks(2)
     pool.free_blocks(blocks)
     assert _ids(pool.free_block_queue.get_all_free_blocks())[-2:] == [1, 2]
-    with pytest.raises(ValueError):
-        pool.move_block_hashes(blocks[0], blocks[1])
+    for name in ("cache_partial_block", "move_block_hashes", "is_block_writable",
+                 "emit_cached_block_events", "cached_block_hashes_by_block", "medium"):
+        assert not hasattr(pool, name), name
+    with pytest.raises(PolicyNotSupportedError, match="on_reuse"):
+        pool.unpin_blocks(blocks, lambda block: None)
+    with pytest.raises(InvalidPoolConfigError, match="block_mask"):
+        pool.cache_full_blocks(_Request([chain_hash(0, 0)]), pool.get_new_blocks(1), 0, 1, 2, 0,
+                               [True])
     with pytest.raises(ValueError):
         BlockPool(8, True, 2, vllm_api="0.20")
+    with pytest.raises(InvalidPoolConfigError, match="medium"):
+        BlockPool(8, True, 2, medium="CPU", vllm_api="0.13")
+    pool.check_representation()
+
+
+# ----------------------------------------------------- which class BlockPool(...) builds
+
+
+def test_the_constructor_chooses_the_class_of_the_api_asked_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """BlockPool(..., vllm_api="0.33") and BlockPool(...) in a vLLM 0.33 process build
+    BlockPool033; BlockPool033 is 0.33's whatever the default, and refuses 0.13."""
+    pool: Any = BlockPool(8, True, 2, vllm_api="0.33")
+    assert type(pool) is BlockPool033 and pool.vllm_api == "0.33"
+    assert isinstance(pool, BlockPool)
+    assert type(BlockPool033(8, True, 2)) is BlockPool033
+    monkeypatch.setattr(block_pool, "_default_api", ["0.33"])
+    assert type(BlockPool(8, True, 2)) is BlockPool033
+    assert type(BlockPool(8, True, 2, vllm_api="0.13")) is BlockPool
+    monkeypatch.setattr(block_pool, "_default_api", ["0.13"])
+    assert type(BlockPool(8, True, 2)) is BlockPool
+    assert BlockPool033(8, True, 2, medium="CPU").medium == "CPU"
+    with pytest.raises(InvalidPoolConfigError, match=r"BlockPool033 serves vLLM 0\.33's"):
+        BlockPool033(8, True, 2, vllm_api="0.13")
+    with pytest.raises(InvalidPoolConfigError, match=r"0\.20"):
+        BlockPool033(8, True, 2, vllm_api="0.20")
+
+
+def test_compiled_code_builds_pools_as_python_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled manager stack builds its pool through block_pool.new_pool (a direct
+    BlockPool(...) call in compiled code skips __init__ for a BlockPool033 and loses its
+    refusals: new_pool's docstring): a 0.33 default gives an initialised BlockPool033, a bad
+    argument a typed refusal. No compiled module calls either class directly."""
+    config = KVCacheConfig(8, (), (KVCacheGroupSpec(("layer.0",),
+                                                    FullAttentionSpec(2, 1, 8, "float16")),))
+    monkeypatch.setattr(block_pool, "_default_api", ["0.33"])
+    manager = KVCacheManager(config, 64, 2)
+    pool: Any = manager.block_pool
+    assert type(pool) is BlockPool033 and pool.medium == "GPU"
+    assert [b.block_id for b in pool.get_new_blocks(2)] == [1, 2]
+    pool.check_representation()
+    with pytest.raises(InvalidPoolConfigError, match="metrics_collector"):
+        KVCacheManager(config, 64, 2, metrics_collector=object())  # type: ignore[arg-type]
+    impl = Path(block_pool.__file__).resolve().parent
+    direct = [f"{module}.py:{node.lineno}" for module in COMPILED_MODULES
+              for node in ast.walk(ast.parse((impl / f"{module}.py").read_text()))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("BlockPool", "BlockPool033")]
+    assert direct == []
+
+
+class _Fork(BlockPool):
+    """A subclass of the 0.13 class, as a fork or a test writes one."""
+
+    def get_usage(self) -> float:
+        return 0.5  # its own override must win over both classes'
+
+
+def test_a_subclass_asked_for_033_is_itself_over_blockpool033() -> None:
+    """A subclass of BlockPool asked for 0.33 gets 0.33's behaviour under its own methods
+    (vLLM 0.33's hisparse host pool subclasses the class it imports as BlockPool), one class
+    per subclass, with the subclass's name."""
+    plain: Any = _Fork(8, True, 2, vllm_api="0.13")
+    assert type(plain) is _Fork
+    fork: Any = _Fork(8, True, 2, vllm_api="0.33")
+    assert type(fork) is not _Fork and isinstance(fork, _Fork) and isinstance(fork, BlockPool033)
+    assert type(fork).__name__ == "_Fork" and type(fork).__module__ == __name__
+    assert type(_Fork(8, True, 2, vllm_api="0.33")) is type(fork)
+    assert fork.get_usage() == 0.5
+    taken = fork.get_new_blocks(2)
+    fork.free_blocks(taken)  # 0.33's free order: unkeyed blocks to the head
+    assert _ids(fork.free_block_queue.get_all_free_blocks())[:2] == [1, 2]
+    assert block_pool.pool_class_for(_Fork, "0.33") is type(fork)
+    assert block_pool.pool_class_for(BlockPool033, "0.33") is BlockPool033
+    with pytest.raises(InvalidPoolConfigError, match="not a subclass of BlockPool"):
+        block_pool.pool_class_for(int, "0.33")
+    fork.check_representation()
 
 
 def test_033_partial_entry_promotion_and_events() -> None:
@@ -263,7 +364,7 @@ def test_033_bounded_snapshot_lists_partial_entries_after_primary_keys() -> None
     """A collapsed event queue (kvspec's bound) replays to every key the pool holds: a clear,
     the primary keys by block id, then the partial entries by block id, in key order; and it
     is taken once the operation's keys are in place, not midway."""
-    pool = BlockPool(8, True, 2, True, vllm_api="0.33", max_pending_kv_events=2)
+    pool: Any = BlockPool(8, True, 2, True, vllm_api="0.33", max_pending_kv_events=2)
     hashes = [chain_hash(0, i) for i in range(2)]
     request = _Request033(hashes)
     first, second = pool.get_new_blocks(2)

@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from hypothesis import event, given, strategies as st
 
-from kvspec.impl import kv_events
+from kvspec.impl import kv_events_033
 from kvspec.impl.block_pool import BlockPool
 from kvspec.impl.hashing import BlockHash, maybe_convert_block_hash
 from kvspec.impl.kv_cache_utils import KVCacheBlock
@@ -544,7 +544,7 @@ def test_the_manager_passes_the_bound_to_its_pool() -> None:
 # --- vLLM 0.33's wire: map-encoded events with the new fields (spec/events.py) ------------------
 
 VLLM_033_PYTHON = REPO_ROOT / ".venv-vllm-0.33.0" / "bin" / "python"
-DECODER_033 = msgspec.msgpack.Decoder(kv_events.KVEventBatchV033)
+DECODER_033 = msgspec.msgpack.Decoder(kv_events_033.KVEventBatchV033)
 
 HASHES = st.one_of(st.integers(0, 2**64 - 1), st.binary(min_size=1, max_size=8))
 TEXT = st.none() | st.sampled_from(["GPU", "CPU", "LOCAL", "a", "é" * 20])
@@ -580,7 +580,7 @@ def wire_events(draw: st.DrawFn) -> spec_events.WireEvent:
 
 def impl_event(event: spec_events.WireEvent, profile: Profile) -> Any:
     """impl's event of the profile's family for a spec wire event."""
-    classes = kv_events.event_classes(profile.value)
+    classes = kv_events_033.event_classes(profile.value)
     if isinstance(event, spec_events.WireCleared):
         return classes.AllBlocksCleared()
     names = [name for name, _ in (spec_events.stored_fields(profile)
@@ -600,7 +600,7 @@ def test_impl_bytes_are_the_specs_per_profile(events: list[spec_events.WireEvent
                                               rank: int | None, profile: Profile) -> None:
     """impl's event classes of a profile write the bytes spec.events states for it, and the
     spec reads them back (less the fields the profile lacks)."""
-    classes = kv_events.event_classes(profile.value)
+    classes = kv_events_033.event_classes(profile.value)
     batch = classes.KVEventBatch(ts, [impl_event(e, profile) for e in events], rank)
     data = ENCODER.encode(batch)
     assert data == spec_events.encode_batch(ts, events, rank, profile)
@@ -615,9 +615,9 @@ def test_impl_bytes_are_the_specs_per_profile(events: list[spec_events.WireEvent
 def test_neither_releases_decoder_reads_the_others_events() -> None:
     """0.13's decoder refuses a map, 0.33's an array (vLLM #42892 broke array consumers); a
     consumer that reads the shape reads both."""
-    stored_033 = kv_events.BlockStoredV033([1], None, [1], 1, None, MEDIUM_GPU, None,
+    stored_033 = kv_events_033.BlockStoredV033([1], None, [1], 1, None, MEDIUM_GPU, None,
                                            group_idx=0)
-    new = ENCODER.encode(kv_events.KVEventBatchV033(0.0, [stored_033]))
+    new = ENCODER.encode(kv_events_033.KVEventBatchV033(0.0, [stored_033]))
     old = ENCODER.encode(KVEventBatch(0.0, [BlockStored([1], None, [1], 1, None, MEDIUM_GPU)]))
     with pytest.raises(msgspec.ValidationError, match="Expected `array`, got `object`"):
         BATCH_DECODER.decode(new)
@@ -644,16 +644,16 @@ def test_a_0_33_map_without_lora_name_is_refused() -> None:
 
 
 def test_optional_fields_are_left_out_until_set() -> None:
-    bare = kv_events.BlockRemovedV033([7], MEDIUM_GPU)
+    bare = kv_events_033.BlockRemovedV033([7], MEDIUM_GPU)
     assert spec_events.unpack(ENCODER.encode(bare)) == {
         "type": "BlockRemoved", "block_hashes": [7], "medium": "GPU"}
     assert spec_events.optional_fields_default_to_none(Profile.V0_33)
     assert [n for n, required in spec_events.stored_fields(Profile.V0_33) if required] == [
         "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
         "lora_name"]
-    assert kv_events.BlockStoredV033.__struct_fields__ == tuple(
+    assert kv_events_033.BlockStoredV033.__struct_fields__ == tuple(
         n for n, _ in spec_events.stored_fields(Profile.V0_33))
-    assert kv_events.BlockRemovedV033.__struct_fields__ == tuple(
+    assert kv_events_033.BlockRemovedV033.__struct_fields__ == tuple(
         n for n, _ in spec_events.removed_fields(Profile.V0_33))
 
 
@@ -661,9 +661,10 @@ def test_decoded_0_33_events_with_multimodal_keys_stay_countable() -> None:
     """Decoding turns a multimodal event key's tuple into a list; impl's events still hash, so
     the aggregator counts them (vLLM 0.33's raise TypeError: docs/findings.md, E1)."""
     keys: list[tuple[Any, ...] | None] = [(("img", 0), "lora-a")]
-    sent = kv_events.BlockStoredV033([1], None, [1], 1, None, MEDIUM_GPU, "lora-a",
+    sent = kv_events_033.BlockStoredV033([1], None, [1], 1, None, MEDIUM_GPU, "lora-a",
                                      extra_keys=keys)
-    [received] = DECODER_033.decode(ENCODER.encode(kv_events.KVEventBatchV033(0.0, [sent]))).events
+    batch = kv_events_033.KVEventBatchV033(0.0, [sent])
+    [received] = DECODER_033.decode(ENCODER.encode(batch)).events
     assert received != sent  # msgspec decodes the inner tuple as a list, as in vLLM
     assert hash(received) == hash(sent)
     aggregator = KVEventAggregator(1)
@@ -672,9 +673,22 @@ def test_decoded_0_33_events_with_multimodal_keys_stay_countable() -> None:
 
 
 def test_event_classes_refuse_an_unknown_profile() -> None:
-    assert kv_events.event_classes("kvspec") is kv_events.EVENT_CLASSES["vllm-0.13"]
+    assert kv_events_033.event_classes("kvspec") is kv_events_033.EVENT_CLASSES["vllm-0.13"]
     with pytest.raises(InvalidEventsError, match=r"'vllm-0\.99'"):
-        kv_events.event_classes("vllm-0.99")
+        kv_events_033.event_classes("vllm-0.99")
+
+
+def test_0_33_names_are_still_importable_from_kv_events() -> None:
+    """vLLM 0.33's family has its own module; kv_events, where it was, still gives its names
+    (the same objects), and only those."""
+    from kvspec.impl import kv_events
+    from kvspec.impl.kv_events import BlockStoredV033
+
+    assert BlockStoredV033 is kv_events_033.BlockStoredV033
+    for name in kv_events.MOVED_TO_KV_EVENTS_033:
+        assert getattr(kv_events, name) is getattr(kv_events_033, name)
+    with pytest.raises(AttributeError, match="no attribute 'BlockStoredV099'"):
+        kv_events.BlockStoredV099  # noqa: B018
 
 
 # Runs under vLLM 0.33's interpreter: reads the batches' spec-written bytes with vLLM 0.33's
@@ -709,7 +723,7 @@ def test_events_are_byte_compatible_with_vllm_0_33_when_installed() -> None:
     ours = [spec_events.encode_batch(ts, events, rank, Profile.V0_33)
             for ts, events, rank in batches]
     for (ts, events, rank), data in zip(batches, ours, strict=True):
-        impl_batch = kv_events.KVEventBatchV033(
+        impl_batch = kv_events_033.KVEventBatchV033(
             ts, [impl_event(e, Profile.V0_33) for e in events], rank)
         assert ENCODER.encode(impl_batch) == data
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")

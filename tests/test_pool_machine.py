@@ -4,6 +4,7 @@ spec (tests/test_audit_vllm_033.py drives them on vLLM 0.33 itself)."""
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import pytest
 
@@ -107,8 +108,8 @@ def test_a_snapshot_gives_a_partial_entrys_group_its_block_size() -> None:
     snapshot = [e for e in state.events[state.num_taken:] if isinstance(e, Stored)]
     assert state.num_collapses == 1 and [e.block_size for e in snapshot] == [4]
 
-    pool = BlockPool(6, True, 2, enable_kv_cache_events=True, max_pending_kv_events=1,
-                     vllm_api="0.33")
+    pool: Any = BlockPool(6, True, 2, enable_kv_cache_events=True, max_pending_kv_events=1,
+                          vllm_api="0.33")
     block = pool.get_new_blocks(2)[0]
     for _ in range(3):
         pool.cache_partial_block(request_for_033(list(H), [5, 5, 5, 5]), block, 2, 0, 4,

@@ -10,7 +10,7 @@ from typing import Any
 
 from msgspec.structs import replace as with_fields
 
-from kvspec.impl import hashing, kv_events
+from kvspec.impl import hashing, kv_events_033
 from kvspec.impl.block_pool import BlockPool
 from tests.mutants import Mutant, replace
 
@@ -66,7 +66,7 @@ def coarse_view_concatenates_under_0_33() -> None:
 
 def events_0_33_array_encoded() -> None:
     """The vllm-0.33 profile's events written as 0.13's arrays."""
-    kv_events.EVENT_CLASSES["vllm-0.33"] = kv_events.EVENT_CLASSES["vllm-0.13"]
+    kv_events_033.EVENT_CLASSES["vllm-0.33"] = kv_events_033.EVENT_CLASSES["vllm-0.13"]
 
 
 def decoded_0_33_events_unhashable() -> None:
@@ -75,7 +75,7 @@ def decoded_0_33_events_unhashable() -> None:
     def __hash__(self: Any) -> int:
         return hash((tuple(self.block_hashes), self.parent_block_hash, tuple(self.token_ids),
                      tuple(self.extra_keys) if self.extra_keys else None))
-    replace(kv_events.BlockStoredV033, "__hash__", __hash__)
+    replace(kv_events_033.BlockStoredV033, "__hash__", __hash__)
 
 
 def stored_event_drops_a_hash() -> None:

@@ -29,7 +29,7 @@ def pop_leaves_empty_entry() -> None:
     def _remove(self: BlockHashToBlockMap, group_id: int, block_hash: bytes,
                 block: KVCacheBlock) -> None:
         original_remove(self, group_id, block_hash, block)
-        if not self._blocks(group_id, block_hash):
+        if not self.blocks_under(group_id, block_hash):
             emptied.setdefault(id(self), set()).add(block_hash + group_id.to_bytes(4, "big"))
 
     def _insert(self: BlockHashToBlockMap, group_id: int, block_hash: bytes,
@@ -54,8 +54,8 @@ def pop_leaves_empty_entry() -> None:
 def get_one_block_returns_newest() -> None:
     """get_one_block answers with the block cached last under the key, not the first."""
     def get_one_block(self: BlockHashToBlockMap, key: Any) -> KVCacheBlock | None:
-        block_hash, group_id = bp._split_key(key)
-        blocks = self._blocks(group_id, block_hash)
+        block_hash, group_id = bp.split_key(key)
+        blocks = self.blocks_under(group_id, block_hash)
         return blocks[-1] if blocks else None
     replace(BlockHashToBlockMap, "get_one_block", get_one_block)
 
@@ -63,10 +63,10 @@ def get_one_block_returns_newest() -> None:
 def pop_ignores_block_id() -> None:
     """pop takes the key's first block whatever block id it is given."""
     def pop(self: BlockHashToBlockMap, key: Any, block_id: Any) -> KVCacheBlock | None:
-        block_hash, group_id = bp._split_key(key)
+        block_hash, group_id = bp.split_key(key)
         if type(block_id) is not int:
             raise bp.BlockNotInPoolError(f"block id must be an int, got {block_id!r}")
-        blocks = self._blocks(group_id, block_hash)
+        blocks = self.blocks_under(group_id, block_hash)
         if not blocks:
             return None
         self.remove_unchecked(group_id, block_hash, blocks[0])

@@ -1,4 +1,5 @@
-"""impl's vLLM 0.33 pool mutants: bugs planted into ``BlockPool(vllm_api="0.33")``.
+"""impl's vLLM 0.33 pool mutants: bugs planted into ``BlockPool033`` (impl/block_pool_033.py,
+what ``BlockPool(vllm_api="0.33")`` builds).
 
 Each is killed by the 0.33 examples in tests/test_block_pool.py (the test named in
 ``killed_by``), which also check the 0.33 part of the pool's representation invariant.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.impl.block_pool import BlockPool
+from kvspec.impl.block_pool_033 import BlockPool033
 from tests.mutants import Mutant, replace
 
 CHECKER = ("tests/test_block_pool.py",)
@@ -16,36 +17,36 @@ CHECKER = ("tests/test_block_pool.py",)
 
 def free_033_all_to_tail() -> None:
     """A 0.33 pool queues every freed block at the tail (0.13's FIFO, #48017's flip)."""
-    def release(self: BlockPool, zeroed: list[Any]) -> None:
+    def release(self: BlockPool033, zeroed: list[Any]) -> None:
         self.free_block_queue.extend_unchecked(zeroed)
-    replace(BlockPool, "_release", release)
+    replace(BlockPool033, "_release", release)
 
 
 def partial_keys_outlive_block() -> None:
     """Dropping a block's keys forgets its partial entries: they stay in the map."""
-    original = BlockPool._remove_keys
+    original = BlockPool033._remove_keys
 
-    def remove_keys(self: BlockPool, block: Any) -> list[tuple[int, bytes]]:
+    def remove_keys(self: BlockPool033, block: Any) -> list[tuple[int, bytes]]:
         saved = dict(self.cached_block_hashes_by_block)
         self.cached_block_hashes_by_block.clear()
         removed = original(self, block)
         self.cached_block_hashes_by_block.update(saved)  # the partial keys are kept
         return removed
-    replace(BlockPool, "_remove_keys", remove_keys)
+    replace(BlockPool033, "_remove_keys", remove_keys)
 
 
 def reuse_watcher_never_fires() -> None:
     """A block released by unpin_blocks(blocks, on_reuse) is handed out silently."""
-    def notify_reuse(self: BlockPool, blocks: Any) -> None:
+    def notify_reuse(self: BlockPool033, blocks: Any) -> None:
         return None
-    replace(BlockPool, "_notify_reuse", notify_reuse)
+    replace(BlockPool033, "_notify_reuse", notify_reuse)
 
 
 def foreign_free_not_forwarded() -> None:
     """free_blocks() treats another pool's blocks as its own strangers (no forwarding)."""
-    def foreign_blocks(self: BlockPool, blocks: list[Any]) -> dict[Any, list[Any]]:
+    def foreign_blocks(self: BlockPool033, blocks: list[Any]) -> dict[Any, list[Any]]:
         return {}
-    replace(BlockPool, "_foreign_blocks", foreign_blocks)
+    replace(BlockPool033, "_foreign_blocks", foreign_blocks)
 
 
 MUTANTS = [
@@ -67,41 +68,41 @@ MACHINE_033 = ("tests/test_pool_machine.py::TestImplConformsToSpec033",)
 def null_range_reports_nothing() -> None:
     """cache_full_blocks over only null blocks emits no BlockStored (vLLM 0.33 emits an empty
     one: docs/findings.md, D2)."""
-    original = BlockPool._cache_full_blocks_033
+    original = BlockPool033._cache_blocks
 
-    def cache(self: BlockPool, request: Any, block_list: list[Any], first: int, end: int,
-              *rest: Any) -> None:
-        if all(b is self.null_block for b in block_list[first:end]):
+    def cache(self: BlockPool033, request: Any, request_hashes: list[Any], block_list: list[Any],
+              new_blocks: list[Any], *rest: Any) -> None:
+        if all(b is self.null_block for b in new_blocks):
             return
-        original(self, request, block_list, first, end, *rest)
-    replace(BlockPool, "_cache_full_blocks_033", cache)
+        original(self, request, request_hashes, block_list, new_blocks, *rest)
+    replace(BlockPool033, "_cache_blocks", cache)
 
 
 def snapshot_taken_midway() -> None:
     """The event bound collapses the queue as soon as keys are removed, before the operation
     has put its new keys in place (the snapshot misses them)."""
-    original = BlockPool._removed_events
+    original = BlockPool033._removed_events
 
-    def removed_events(self: BlockPool, removed: list[tuple[int, bytes]]) -> None:
+    def removed_events(self: BlockPool033, removed: list[tuple[int, bytes]]) -> None:
         original(self, removed)
         if removed and self.max_pending_kv_events is not None:
             self._bound_kv_events()
-    replace(BlockPool, "_removed_events", removed_events)
+    replace(BlockPool033, "_removed_events", removed_events)
 
 
 def snapshot_forgets_partial_entries() -> None:
     """A collapsed queue's snapshot lists the blocks' primary keys only, not their partial
     entries (a router replaying it loses them)."""
-    original = BlockPool._bound_kv_events
+    original = BlockPool033._bound_kv_events
 
-    def bound(self: BlockPool) -> None:
+    def bound(self: BlockPool033) -> None:
         saved = dict(self.cached_block_hashes_by_block)
         self.cached_block_hashes_by_block.clear()
         try:
             original(self)
         finally:
             self.cached_block_hashes_by_block.update(saved)
-    replace(BlockPool, "_bound_kv_events", bound)
+    replace(BlockPool033, "_bound_kv_events", bound)
 
 
 MUTANTS += [

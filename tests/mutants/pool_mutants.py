@@ -154,7 +154,7 @@ def lookup_returns_last_inserted() -> None:
             raise bp.InvalidBlockHashError(f"bad hash {block_hash!r}")
         found = []
         for gid in group_ids:
-            blocks = self.cached_block_hash_to_block._blocks(gid, block_hash)
+            blocks = self.cached_block_hash_to_block.blocks_under(gid, block_hash)
             if not blocks:
                 return None
             found.append(blocks[-1])
