@@ -16,7 +16,7 @@ CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.conformance.pool_programs kvspec.sp
 	kvspec.spec.free_queue kvspec.spec.hash_map kvspec.spec.eviction kvspec.spec.events \
 	kvspec.spec.offload kvspec.conformance.offload_programs
 
-.PHONY: setup compile audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests \
+.PHONY: setup compile wheel audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests \
 	vllm-loop vllm-check clean
 
 setup: $(STAMP) $(COMPILED)
@@ -38,6 +38,14 @@ $(COMPILED): $(STAMP) $(wildcard impl/*.py) scripts/compile.py
 compile: $(STAMP)
 	$(PY) scripts/compile.py
 	@mkdir -p build && touch $(COMPILED)
+
+# A wheel with impl's modules compiled, built once (about a minute on a quiet 2-core machine):
+# `pip install dist/kvspec-*.whl` puts it into any environment of this Python (3.11 here) in
+# seconds, no compiler needed there (docs/plugin.md). The build tools are .venv's own.
+wheel: $(STAMP)
+	rm -f dist/kvspec-*.whl
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir dist .
+	@ls dist/kvspec-*.whl
 
 audit: setup
 	$(VENV)/bin/kvspec audit --target impl --profile vllm-0.13 --seed 1
@@ -97,5 +105,5 @@ vllm-check: setup vllm-loop
 		tests/test_vllm_plugin.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .hypothesis .mypy_cache .ruff_cache
 	rm -f impl/*.so kvspec_impl__mypyc*.so

@@ -48,6 +48,8 @@ class _BuildMypycExtensions(build_ext):
     def finalize_options(self):
         if not set(self.distribution.commands) <= _DESCRIBING_COMMANDS:
             self.distribution.make_extensions()
+        if self.parallel is None:  # mypyc's groups compile side by side (scripts/compile.py)
+            self.parallel = _compile.JOBS
         super().finalize_options()
 
 

@@ -6,11 +6,13 @@ or numpy; the release is checked here, when vLLM starts)::
     pip install kvspec
     export VLLM_USE_KVSPEC=1
 
-Each vLLM process that runs kvspec says so in one INFO line of vLLM's log (kvspec's version,
-compiled or pure-Python build, profile, vLLM's version). A switch value that is not one of
-1/0, true/false, yes/no, on/off (any case) or empty, and a vLLM release kvspec cannot serve,
-stop vLLM at start-up with one ERROR line and exit status 1, before any engine starts (vLLM
-runs general plugins while it reads its arguments; docs/plugin.md).
+Each vLLM process that runs kvspec says so in one INFO line of vLLM's log, formatted as vLLM's
+own lines are (kvspec's version, compiled or pure-Python build, vLLM's version, the process id,
+profile), under vLLM 0.13 and 0.33 alike, and in the processes vLLM forks after the plugin ran
+(the engine core, workers), which inherit kvspec without running the plugin. A switch value
+that is not one of 1/0, true/false, yes/no, on/off (any case) or empty, and a vLLM release
+kvspec cannot serve, stop vLLM at start-up with one ERROR line and exit status 1, before any
+engine starts (vLLM runs general plugins while it reads its arguments; docs/plugin.md).
 
 vLLM runs every *general plugin* (entry-point group ``vllm.general_plugins``) once in each of
 its processes at start-up; kvspec's is ``register`` below. Without ``VLLM_USE_KVSPEC=1`` it does
@@ -45,9 +47,11 @@ imported (``make vllm-tests`` runs vLLM's own tests that way).
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.metadata
 import logging
+import logging.config
 import os
 import sys
 from types import ModuleType
@@ -173,6 +177,68 @@ def installed() -> bool:
 _VLLM_LOG = logging.getLogger("vllm.kvspec")
 
 
+def _log(level: int, message: str, *args: object) -> None:
+    """One line in vLLM's log (``vllm.kvspec``), formatted as vLLM formats its own.
+
+    vLLM 0.13 configures its logging when ``vllm.logger`` is imported, before any plugin runs.
+    vLLM 0.33 configures it later (``vllm.logger.configure_logging``, from the parsed arguments
+    or the engine's config): in the process that reads the arguments (``vllm serve``'s front
+    end, an offline ``LLM``) general plugins run first, while the ``vllm`` logger has no
+    handler, and a line logged then is dropped (INFO) or written bare by Python's last-resort
+    handler (ERROR). There the line goes through the handler vLLM's default configuration
+    makes (``_vllm_default_handler``), once: vLLM's own configuration, later, does not repeat
+    it. Engine-core and worker processes configure logging before they load plugins.
+    """
+    handler = None if logging.getLogger("vllm").handlers else _vllm_default_handler()
+    if handler is None:
+        _VLLM_LOG.log(level, message, *args, stacklevel=2)
+        return
+    # Only this handler, as vLLM's configured logger does not propagate either; the level is
+    # the handler's (VLLM_LOGGING_LEVEL), not the unconfigured logger's WARNING.
+    propagate, logger_level = _VLLM_LOG.propagate, _VLLM_LOG.level
+    _VLLM_LOG.addHandler(handler)
+    _VLLM_LOG.propagate = False
+    _VLLM_LOG.setLevel(handler.level)
+    try:
+        _VLLM_LOG.log(level, message, *args, stacklevel=2)
+    finally:
+        _VLLM_LOG.removeHandler(handler)
+        _VLLM_LOG.propagate = propagate
+        _VLLM_LOG.setLevel(logger_level)
+        handler.close()
+
+
+def _vllm_default_handler() -> logging.Handler | None:
+    """The handler vLLM's default configuration gives its ``vllm`` logger (stream, level,
+    format), made by logging.config's configurator from the dict vLLM's ``dictConfig`` reads
+    (``vllm.logger.DEFAULT_LOGGING_CONFIG``). None where vLLM will not configure its logging
+    (``VLLM_CONFIGURE_LOGGING=0``: its lines go to the application's loggers, and so does this
+    one), configures it from the user's file (``VLLM_LOGGING_CONFIG_PATH``), or is absent."""
+    try:
+        from vllm import envs
+        from vllm.logger import DEFAULT_LOGGING_CONFIG
+    except Exception:  # no vLLM, or one this code does not know: plain logging
+        return None
+    if not envs.VLLM_CONFIGURE_LOGGING or envs.VLLM_LOGGING_CONFIG_PATH:
+        return None
+    configurator = logging.config.DictConfigurator(copy.deepcopy(DEFAULT_LOGGING_CONFIG))
+    handler_config = configurator.config["handlers"]["vllm"]
+    formatters = configurator.config["formatters"]
+    name = handler_config["formatter"]
+    formatters[name] = configurator.configure_formatter(formatters[name])
+    handler: logging.Handler = configurator.configure_handler(handler_config)
+    handler.addFilter(_name_the_process)
+    return handler
+
+
+def _name_the_process(record: logging.LogRecord) -> bool:
+    """vLLM 0.33's format names the process (``%(vllm_process_name)s``), a field its record
+    factory adds once its logging is configured; before that, the factory gives the process's
+    own name."""
+    record.__dict__.setdefault("vllm_process_name", record.processName)
+    return True
+
+
 def register() -> None:
     """vLLM's general-plugin hook: install kvspec when ``VLLM_USE_KVSPEC`` is on, else nothing.
 
@@ -188,7 +254,7 @@ def register() -> None:
         tagged_keys_requested()  # checked before anything changes
         install()
     except (InvalidSwitchValue, UnsupportedVllmVersion) as refused:
-        _VLLM_LOG.error("kvspec: %s", refused)
+        _log(logging.ERROR, "kvspec: %s", refused)
         raise SystemExit(1) from None
 
 
@@ -260,16 +326,43 @@ def install() -> dict[str, Any]:
 def _record_profile(version: str, profile: str, extra_keys: str, replaced: int) -> None:
     """impl's host profile is the one installed (``kvspec.impl.host_profile``), and vLLM's log
     says, once per process, that kvspec runs and as what."""
-    import kvspec
-    from kvspec import impl
     from kvspec.impl import host_profile
 
     host_profile.choose(host_profile.HostProfile(
         vllm=version, profile=profile, extra_keys=extra_keys, vllm_classes=True))
-    _VLLM_LOG.info(
-        "kvspec %s (%s build) runs vLLM %s's KV-cache modules (%d replaced): profile %s, %s "
-        "extra keys", kvspec.__version__, "compiled" if impl.COMPILED else "pure-Python",
-        version, replaced, profile, extra_keys)
+    _announced.update(version=version, profile=profile, extra_keys=extra_keys,
+                      replaced=replaced)
+    _announce()
+    global _announced_in_forks
+    if not _announced_in_forks:
+        _announced_in_forks = True
+        os.register_at_fork(after_in_child=_announce_in_forked_child)
+
+
+# What the line says; kept for the processes forked after install().
+_announced: dict[str, Any] = {}
+_announced_in_forks = False
+
+
+def _announce() -> None:
+    import kvspec
+    from kvspec import impl
+
+    info = _announced
+    _log(logging.INFO,
+         "kvspec %s (%s build) runs vLLM %s's KV-cache modules (%d replaced) in process %d: "
+         "profile %s, %s extra keys", kvspec.__version__,
+         "compiled" if impl.COMPILED else "pure-Python", info["version"], info["replaced"],
+         os.getpid(), info["profile"], info["extra_keys"])
+
+
+def _announce_in_forked_child() -> None:
+    """A process vLLM forks after the plugin ran (by default its engine core and workers, on
+    Linux) runs kvspec as inherited: vLLM does not run general plugins there again
+    (``plugins_loaded``), so this says so, once, in that process's own line."""
+    if _installed and _announced:
+        _log_through_vllm()
+        _announce()
 
 
 def _log_through_vllm() -> None:

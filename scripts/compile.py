@@ -10,6 +10,11 @@ One place says how kvspec's hot modules are compiled, for both builds that do it
 
 Where there is no C compiler, Python headers or mypyc, or KVSPEC_PURE_PYTHON=1 is set, nothing
 is compiled (with a note): the pure-Python build is complete on its own.
+
+What a build costs (docs/plugin.md has the figures): mypyc type-checks the modules and writes
+their C, one file per group (``groups()``), then the C compiler compiles the groups side by
+side (``JOBS``). mypyc's type check reads only what it needs (``MYPY_CONFIG``): kvspec's own
+modules and msgspec's stubs.
 """
 
 from __future__ import annotations
@@ -25,7 +30,43 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mypyc"
-GROUP = "kvspec.impl.compiled"  # mypyc's shared library: impl/compiled__mypyc.*.so
+
+# mypyc's groups: each is one C file, one gcc process and one shared library
+# (impl/compiled_pool__mypyc.*.so, impl/compiled_managers__mypyc.*.so) beside a small shim
+# per module. One group of all six modules was one 5.6 MB C file, ~40 s of one core at -O3;
+# these two, the pool layer and the managers above it, are about equal halves that compile
+# at once on two cores. Calls between groups go through mypyc's export tables instead of
+# direct C calls, and gcc cannot inline across them: the pool and manager benchmarks execute
+# within 0.4% of the one group's instructions (docs/benchmarks.md).
+POOL_GROUP = "kvspec.impl.compiled_pool"
+POOL_GROUP_MODULES = ("kv_cache_blocks", "block_pool", "request_hasher")
+MANAGERS_GROUP = "kvspec.impl.compiled_managers"  # every other module of COMPILED_MODULES
+# Parallel compile jobs (setuptools' build_ext --parallel): one per group, at most the cores.
+JOBS = max(1, min(2, os.cpu_count() or 1))
+
+# The mypy configuration of mypyc's type check (not `make check`'s, which is pyproject.toml's).
+# mypy follows impl's imports, function-level ones too, into whatever the building Python has
+# installed (pip's build isolation hides the environment from imports, not from mypy, which
+# asks the interpreter for its site-packages): torch, and inside a vLLM environment vLLM and
+# transformers. mypyc keeps every function body it reads (mypy's preserve_asts), so the check
+# read 2,548 modules (~90 s CPU) in .venv and more in a vLLM environment, most of the 14-17
+# minutes `pip install` took there. None of it reaches the C: impl's compiled modules use those
+# packages' objects as plain Python objects. So only kvspec's own modules and msgspec's stubs
+# (kv_events' classes) are read, ~110 modules and ~2 s, and the rest is Any whether installed
+# or not (numpy's stubs too, which mypy would read despite follow_imports): the C mypyc writes
+# is byte for byte what the full check gave, with or without those packages installed.
+MYPY_CONFIG = """\
+[mypy]
+follow_imports = skip
+ignore_missing_imports = True
+cache_dir = /dev/null
+
+[mypy-kvspec.*,msgspec.*]
+follow_imports = normal
+
+[mypy-numpy.*]
+follow_imports_for_stubs = True
+"""
 
 
 def _load_package_view() -> Any:
@@ -76,6 +117,15 @@ def why_not_compiled() -> str | None:
     return None
 
 
+def groups() -> list[tuple[str, tuple[str, ...]]]:
+    """Each mypyc group's name and its modules (the comment on POOL_GROUP says why two)."""
+    modules = compiled_modules()
+    pool = tuple(m for m in modules if m in POOL_GROUP_MODULES)
+    managers = tuple(m for m in modules if m not in POOL_GROUP_MODULES)
+    return [(name, members) for name, members in ((POOL_GROUP, pool),
+                                                  (MANAGERS_GROUP, managers)) if members]
+
+
 def mypyc_extensions(target_dir: Path = BUILD / "c") -> list[Any]:
     """The setuptools extensions of impl's compiled modules ([] where it cannot compile)."""
     if why_not_compiled() is not None:
@@ -85,9 +135,17 @@ def mypyc_extensions(target_dir: Path = BUILD / "c") -> list[Any]:
     # mypyc names a module by its folders: it compiles the copy laid out as the wheel lays
     # it out (build/view/kvspec/impl/), so that the modules are named kvspec.impl.*.
     view = _package_view.make_view(ROOT)
-    sources = [str(view / "kvspec" / "impl" / f"{m}.py") for m in compiled_modules()]
-    extensions: list[Any] = mypycify(sources, opt_level="3", group_name=GROUP,
-                                     target_dir=str(target_dir))
+    impl = view / "kvspec" / "impl"
+    separate: list[tuple[list[str], str | None]] = [
+        ([str(impl / f"{m}.py") for m in members], name) for name, members in groups()]
+    config = target_dir.parent / "mypy.ini"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(MYPY_CONFIG)
+    # -g0: no debug information (the machine code is the same as with mypyc's -g1; gcc spends
+    # about a tenth of its time on it).
+    extensions: list[Any] = mypycify(
+        ["--config-file", str(config), *(path for paths, _ in separate for path in paths)],
+        opt_level="3", debug_level="0", separate=separate, target_dir=str(target_dir))
     return extensions
 
 
@@ -107,12 +165,13 @@ def main(argv: list[str]) -> int:
     # package_dir: build_ext --inplace puts kvspec.impl's extensions beside impl/'s sources.
     dist = Distribution({"name": "kvspec-impl-compiled", "ext_modules": extensions,
                          "package_dir": _package_view.package_dirs(ROOT)})
-    dist.script_args = ["-q", "build_ext", "--inplace", "--build-temp", str(BUILD / "temp")]
+    dist.script_args = ["-q", "build_ext", "--inplace", "--build-temp", str(BUILD / "temp"),
+                        "--parallel", str(JOBS)]
     dist.parse_command_line()
     dist.run_commands()
     for path in compiled_files():  # the per-module shims are rebuilt only when their C
         os.utime(path)             # changes; impl/ compares these times with the sources'
-    print(f"compile: {len(extensions) - 1} modules of impl/ compiled with mypyc")
+    print(f"compile: {len(compiled_modules())} modules of impl/ compiled with mypyc")
     return 0
 
 

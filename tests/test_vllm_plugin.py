@@ -1,9 +1,9 @@
 """kvspec's vLLM plugin: off unless asked for, refuses what it cannot serve before changing
 anything, and rebinds what vLLM's loaded modules took from the modules it replaces.
 
-The parts that need vLLM run in the vLLM environment when it exists
-(``make vllm-env VLLM=0.13.0``): vLLM's own plugin loader, given ``VLLM_USE_KVSPEC=1``, puts
-kvspec in place of its KV-cache modules.
+The parts that need vLLM run in the vLLM environments when they exist
+(``make vllm-env VLLM=0.13.0``, ``VLLM=0.33.0``): vLLM's own plugin loader, given
+``VLLM_USE_KVSPEC=1``, puts kvspec in place of its KV-cache modules and says so in vLLM's log.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ from kvspec.spec.pool import Profile
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm-0.13.0" / "bin" / "python"
+# Each vLLM environment (make vllm-env VLLM=...): release series -> its Python.
+VLLM_PYTHONS = {"0.13": VLLM_PYTHON, "0.33": ROOT / ".venv-vllm-0.33.0" / "bin" / "python"}
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
@@ -178,6 +181,100 @@ print("ok")
     result = subprocess.run([str(VLLM_PYTHON), "-c", script], env=env, capture_output=True,
                             text=True, timeout=900, check=False)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+
+
+# -- the plugin's line in vLLM's log, in each process, under each release --------------------
+
+# vLLM's own default format: 0.33 puts "(process name pid=N) " first; the level, date and time,
+# [file:line], then the message.
+VLLM_LINE = re.compile(r"^(?:\(\S+ pid=(?P<pid>\d+)\) )?(?P<level>[A-Z]+) \d\d-\d\d "
+                       r"\d\d:\d\d:\d\d \[vllm_plugin\.py:\d+\] (?P<message>.*)$")
+
+# As vLLM starts: general plugins run in the process that reads the arguments before vLLM 0.33
+# configures its logging (the front end, argv[1] == "front-end"), after it in the engine-core
+# and worker processes it starts ("engine"); vLLM 0.13 configures it when vllm.logger is
+# imported. Then a forked child, as vLLM forks its engine core and workers by default.
+LOG_SCRIPT = """
+import multiprocessing, os, sys
+from vllm.plugins import load_general_plugins
+from vllm.logger import init_logger
+
+
+def configure_logging():
+    try:  # vLLM 0.33: from the parsed arguments or the engine's config
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import configure_logging
+    except ImportError:  # vLLM 0.13: configured when vllm.logger was imported
+        return
+    configure_logging(LoggingConfig())
+
+
+if sys.argv[1] == "engine":
+    configure_logging()
+load_general_plugins()
+load_general_plugins()
+if sys.argv[1] == "front-end":
+    configure_logging()
+init_logger("vllm.kvspec_test").info("vLLM's own line")
+child = multiprocessing.get_context("fork").Process(target=sys.stdout.flush)
+child.start()
+child.join()
+sys.stdout.flush()
+print("pids", os.getpid(), child.pid, child.exitcode, flush=True)
+"""
+
+
+def _kvspec_lines(output: str) -> list[re.Match[str]]:
+    lines = [line for line in output.splitlines() if "kvspec" in line and "pids" not in line]
+    matches = [VLLM_LINE.match(line) for line in lines]
+    assert all(matches), f"a kvspec line not in vLLM's format: {lines}"
+    return [m for m in matches if m is not None]
+
+
+@pytest.mark.parametrize("series", sorted(VLLM_PYTHONS))
+@pytest.mark.parametrize("order", ["front-end", "engine"])
+def test_plugin_line_in_every_process(series: str, order: str) -> None:
+    """One INFO line per process, in vLLM's format, under vLLM 0.13 and 0.33: vLLM 0.33 runs
+    general plugins before it configures its logging in the front end (the line was lost
+    there), and a forked engine core inherits kvspec without running the plugin again."""
+    python = VLLM_PYTHONS[series]
+    if not python.exists():
+        pytest.skip(f"no vLLM {series} environment (make vllm-env)")
+    env = dict(os.environ, VLLM_USE_KVSPEC="1", HF_HUB_OFFLINE="1")
+    for name in ("VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH"):
+        env.pop(name, None)
+    result = subprocess.run([str(python), "-c", LOG_SCRIPT, order], env=env, cwd="/",
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    parent, child, exitcode = (int(n) for n in output.split("pids")[-1].split())
+    assert exitcode == 0, output
+    lines = _kvspec_lines(output)
+    said = sorted(int(re.findall(r"in process (\d+):", m["message"])[0]) for m in lines)
+    assert said == sorted([parent, child]), output
+    for match in lines:
+        assert match["level"] == "INFO" and f"vLLM {series}." in match["message"], output
+        assert f"profile vllm-{series}" in match["message"], output
+        assert match["pid"] is None or int(match["pid"]) in (parent, child), output
+    assert "vLLM's own line" in output
+
+
+@pytest.mark.parametrize("series", sorted(VLLM_PYTHONS))
+def test_plugin_refusal_is_one_vllm_line(series: str) -> None:
+    """A switch value not understood: one ERROR line in vLLM's format (vLLM 0.33 wrote it bare,
+    through Python's last-resort handler) and exit status 1, no traceback."""
+    python = VLLM_PYTHONS[series]
+    if not python.exists():
+        pytest.skip(f"no vLLM {series} environment (make vllm-env)")
+    env = dict(os.environ, VLLM_USE_KVSPEC="2", HF_HUB_OFFLINE="1")
+    script = "from vllm.plugins import load_general_plugins; load_general_plugins()"
+    result = subprocess.run([str(python), "-c", script], env=env, cwd="/",
+                            capture_output=True, text=True, timeout=600, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in output, output
+    (line,) = _kvspec_lines(output)
+    assert line["level"] == "ERROR", output
+    assert line["message"].startswith("kvspec: VLLM_USE_KVSPEC='2' is not understood"), output
 
 
 # -- the host profile: impl behaves as the vLLM of its Python, with or without install() ---
