@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from hypothesis import Phase, settings
 
 from kvspec.conformance.profiles import MUTANTS_PROFILE
+from tests import vllm_033
 from tests.mutants import Mutant, catalogue
 from tests.mutants.__main__ import (
     Verdict,
@@ -208,7 +211,8 @@ def checkers(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def workers() -> Iterator[list[Worker]]:
-    started = [Worker(MUTANTS_PROFILE), Worker(MUTANTS_PROFILE)]
+    env = worker_env(os.environ, MUTANTS_PROFILE)
+    started = [Worker(env), Worker(env)]
     yield started
     for worker in started:
         worker.stop()
@@ -310,3 +314,34 @@ def test_a_real_mutant_is_planted_by_conftest_in_its_checker(workers: list[Worke
     unknown = Mutant("no_such_mutant", "", lambda: None, test)
     assert workers[0].run(unknown, 300).detail != "pytest exit 1"
     assert "KVSPEC_MUTANT" not in os.environ
+
+
+def test_a_server_forks_checkers_for_its_clients_and_refuses_another_environment(
+        checkers: Path, tmp_path: Path) -> None:
+    """The server that forks the reruns under vLLM 0.33 (tests/vllm_033.py), here in this
+    Python: stdout and stderr come back apart; a request from an environment other than the
+    one it imported in, or to a socket nobody listens on, gets None (the rerun then runs in a
+    process of its own)."""
+    from tests.mutants.worker import ask
+
+    path = str(tmp_path / "server.sock")
+    env = worker_env(os.environ, MUTANTS_PROFILE)
+    server = subprocess.Popen([sys.executable, "-m", "tests.mutants.worker", "--listen", path],
+                              env=env, cwd=vllm_033.ROOT, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(6000):  # the socket is bound before the server imports anything
+            if os.path.exists(path):
+                break
+            time.sleep(0.1)
+        args = ["-x", "-q", "-s", f"{checkers}::test_prints_then_fails"]
+        reply = ask(path, args, {**env, "KVSPEC_MUTANT": "m", "KVSPEC_DATABASE": "none"},
+                    str(vllm_033.ROOT), 300)
+        assert reply is not None
+        assert reply["returncode"] == 1 and not reply["timed_out"]
+        assert "said on stdout" in reply["stdout"] and "said on stdout" not in reply["stderr"]
+        assert "said on stderr" in reply["stderr"]
+        assert ask(path, args, {**env, "SOMETHING": "else"}, str(vllm_033.ROOT), 300) is None
+    finally:
+        server.terminate()
+        server.wait()
+    assert ask(str(tmp_path / "nobody.sock"), args, env, str(vllm_033.ROOT), 300) is None

@@ -19,8 +19,11 @@ import os
 import queue
 import re
 import select
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -32,6 +35,7 @@ from typing import IO, Any
 
 from kvspec.conformance.mutation_scores import mutants_path
 from kvspec.conformance.profiles import MUTANTS_PROFILE
+from tests import vllm_033
 from tests.mutants import Mutant, catalogue
 
 # `kvspec audit` reads the mutation score from here: $KVSPEC_MUTANTS, else build/mutants.json
@@ -148,8 +152,8 @@ class Worker:
     """One mutant worker (tests/mutants/worker.py, started on first use, again after a
     failure): it has imported what the checkers need and forks each checker from there."""
 
-    def __init__(self, profile: str) -> None:
-        self.profile = profile
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)  # `worker_env`'s
         self.process: subprocess.Popen[str] | None = None
 
     def run(self, mutant: Mutant, timeout: float) -> Verdict:
@@ -177,7 +181,7 @@ class Worker:
     def _start(self) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.mutants.worker"],
-            env=worker_env(os.environ, self.profile), stdin=subprocess.PIPE,
+            env=self.env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True, encoding="utf-8")
         self._reply(WORKER_START)  # ready: its imports are done
 
@@ -213,6 +217,35 @@ class Worker:
         for pipe in (process.stdin, process.stdout):
             if pipe is not None:
                 pipe.close()
+
+
+class RerunServer:
+    """A mutant worker in .venv-vllm-0.33.0's Python that forks the checkers' reruns there
+    (tests/vllm_033.py), vLLM imported once instead of once a rerun, on a Unix socket that
+    `env` names to the checkers; started where that environment has been built."""
+
+    def __init__(self, worker_env: Mapping[str, str]) -> None:
+        self.directory = tempfile.mkdtemp(prefix="kvspec-mutants-")
+        path = os.path.join(self.directory, "vllm-0.33.sock")
+        self.env = {**worker_env, vllm_033.WORKER_VARIABLE: path}
+        self.process = subprocess.Popen(
+            [str(vllm_033.VENV_PYTHON), "-m", "tests.mutants.worker", "--listen", path,
+             *vllm_033.VLLM_MODULES],
+            env=vllm_033.rerun_env(self.env), cwd=vllm_033.ROOT, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL)
+
+    @staticmethod
+    def available() -> bool:
+        return vllm_033.VENV_PYTHON.exists()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(WORKER_GRACE)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def run_all(mutants: Sequence[Mutant], workers: Sequence[Worker], timeout: float,
@@ -279,6 +312,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
+    # Stopped (a CI limit), stop the workers and their checkers too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     mutants = catalogue()
     if args.names:
         unknown = sorted(set(args.names) - {m.name for m in mutants})
@@ -299,13 +334,18 @@ def main(argv: Sequence[str]) -> int:
     print(f"{len(mutants)} mutants, {args.jobs} at a time, profile {args.profile}")
     print(header, flush=True)
     start = time.perf_counter()
-    workers = [Worker(args.profile) for _ in range(min(args.jobs, len(mutants)))]
+    env = worker_env(os.environ, args.profile)
+    server = RerunServer(env) if RerunServer.available() else None
+    workers = [Worker(server.env if server else env)
+               for _ in range(min(args.jobs, len(mutants)))]
     try:
         verdicts = run_all(schedule(mutants, last), workers, args.timeout,
                            lambda verdict: print(line(verdict), flush=True))
     finally:
         for worker in workers:
             worker.stop()
+        if server is not None:
+            server.stop()
     wall = time.perf_counter() - start
     ordered = [verdicts[m.name] for m in mutants]
     survivors = [v.name for v in ordered if not v.killed]
