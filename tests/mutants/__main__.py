@@ -1,14 +1,14 @@
 """Run every mutant's checker against it: ``python -m tests.mutants [--jobs N] [NAME ...]``.
 
 Each mutant's checker is its own pytest run (``-x``: the first failure kills it), in a process
-of its own forked by a worker (tests/mutants/worker.py) that has imported what the checkers
-need once; ``--jobs`` workers run checkers at once. Every checker runs under one fixed
-Hypothesis profile,
-``mutants`` (derandomized, no example database, no shrinking), whoever runs it and whatever
-``CI`` or ``KVSPEC_PROFILE`` say, so a verdict depends on the code alone; ``--profile`` picks
-another one for experiments. Prints one line per mutant as it finishes (killed or survived,
-seconds to kill), then the summary in catalogue order, writes build/mutants.json (which
-``kvspec audit`` reads) and exits 1 if any survive.
+forked by a worker (tests/mutants/worker.py) that has imported what the checkers need once;
+``--jobs`` workers run checkers at once, and one more serves the checkers' reruns under vLLM
+0.33's Python where its environment is built. Every checker runs under one fixed Hypothesis
+profile, ``mutants`` (derandomized, no example database, no shrinking), whoever runs it and
+whatever ``CI`` or ``KVSPEC_PROFILE`` say, so a verdict depends on the code alone;
+``--profile`` picks another one for experiments. Prints one line per mutant as it finishes
+(killed or survived, seconds to kill), then the summary in catalogue order, writes
+build/mutants.json (which ``kvspec audit`` reads) and exits 1 if any survive.
 """
 
 from __future__ import annotations
@@ -110,14 +110,10 @@ def checker_env(base: Mapping[str, str], mutant: str, profile: str) -> dict[str,
 
 
 def checker_args(mutant: Mutant) -> list[str]:
-    """The pytest arguments of a mutant's checker (``-x``: the first failure kills it)."""
+    """The pytest arguments of a mutant's checker (``-x``: the first failure kills it); by
+    hand: ``KVSPEC_MUTANT=<name> KVSPEC_PURE_PYTHON=1 python -m pytest <these>``."""
     # pyproject's addopts add -q and -p no:cacheprovider (no shared cache to race on).
     return ["-x", "-q", "-p", "no:randomly", *mutant.checker]
-
-
-def checker_command(mutant: Mutant) -> list[str]:
-    """The checker as a command of its own: what a worker runs, by hand."""
-    return [sys.executable, "-m", "pytest", *checker_args(mutant)]
 
 
 def judge(mutant: Mutant, returncode: int, output: str) -> tuple[bool, str]:
