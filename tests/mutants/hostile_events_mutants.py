@@ -147,8 +147,11 @@ MUTANTS: list[Mutant] = [
             HOSTILE),
     _mutant("hostile_metrics_hook_trusts_its_block", metrics_hook_trusts_its_block, HOSTILE),
     _mutant("hostile_stats_record_adds_as_it_checks", stats_record_adds_as_it_checks, HOSTILE),
-    _mutant("hostile_parse_memory_reads_any_digits", parse_memory_reads_any_digits, HOSTILE),
-    _mutant("hostile_plan_counts_unbounded", plan_counts_unbounded, HOSTILE),
+    # Named by the test that kills them: the file's tests before it cost seconds of every run.
+    _mutant("hostile_parse_memory_reads_any_digits", parse_memory_reads_any_digits,
+            f"{HOSTILE}::test_parse_memory_refuses_bad_sizes"),
+    _mutant("hostile_plan_counts_unbounded", plan_counts_unbounded,
+            f"{HOSTILE}::test_plan_memory_refuses_bad_arguments"),
     _mutant("hostile_pool_event_hash_as_hex", pool_event_hash_as_hex, HOSTILE,
             "test_what_the_pool_builds_always_decodes"),
     _mutant("event_snapshot_forgets_cleared", snapshot_forgets_cleared, MACHINE,

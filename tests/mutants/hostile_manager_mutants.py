@@ -174,31 +174,42 @@ def refusal_names_nothing() -> None:
         replace(module, "check_count", check_count)
 
 
-def _mutant(name: str, plant: Callable[[], None], killed_by: str) -> Mutant:
+def _mutant(name: str, plant: Callable[[], None], killed_by: str, test: str = "") -> Mutant:
+    """A mutant checked by the hostile manager suite, or by its ``test`` alone: the test
+    that kills it, named where the file's tests before it cost seconds of every run."""
     description = " ".join((plant.__doc__ or "").split())
-    return Mutant(name, description, plant, (HOSTILE_MANAGER,), killed_by)
+    checker = f"{HOSTILE_MANAGER}::{test}" if test else HOSTILE_MANAGER
+    return Mutant(name, description, plant, (checker,), killed_by)
 
 
 MUTANTS: list[Mutant] = [
     _mutant("hostile_manager_keys_checked_after_allocating", keys_checked_after_allocating,
-            CHANGED),
+            CHANGED, "test_a_block_hash_that_is_not_bytes_is_refused_before_allocating"),
     # Caught by whichever call the draw reaches first with a count beyond the slots
     # (allocate_slots, cache_blocks, num_blocks_freed_by_skip): any failure of the suite.
     _mutant("hostile_manager_computed_tokens_trusted", computed_tokens_trusted, ""),
-    _mutant("hostile_manager_max_model_len_unbounded", max_model_len_unbounded, SILENT),
+    _mutant("hostile_manager_max_model_len_unbounded", max_model_len_unbounded, SILENT,
+            "test_kv_cache_manager_constructor_refuses_bad_arguments"),
     _mutant("hostile_manager_blocks_add_unchecked", blocks_add_unchecked, UNNAMED),
-    _mutant("hostile_manager_hits_trusted", hits_trusted, SILENT),
-    _mutant("hostile_manager_hit_memo_ignores_changes", hit_memo_ignores_changes, SILENT),
-    _mutant("hostile_manager_hit_memo_ignores_evictions", hit_memo_ignores_evictions, SILENT),
+    _mutant("hostile_manager_hits_trusted", hits_trusted, SILENT,
+            "test_hits_that_are_not_the_requests_are_refused"),
+    _mutant("hostile_manager_hit_memo_ignores_changes", hit_memo_ignores_changes, SILENT,
+            "test_the_lookups_own_hits_changed_in_place_are_refused"),
+    _mutant("hostile_manager_hit_memo_ignores_evictions", hit_memo_ignores_evictions, SILENT,
+            "test_the_lookups_own_hits_evicted_since_are_refused"),
     # Caught on a request for more blocks than the pool has: a group's refusal names its own
     # share, not the count asked for, or the first groups keep theirs.
     _mutant("hostile_coordinator_allocates_group_by_group",
-            coordinator_allocates_group_by_group, "coordinator.allocate_new_blocks(<too many"),
+            coordinator_allocates_group_by_group, "coordinator.allocate_new_blocks(<too many",
+            "test_coordinators_refuse_bad_calls_and_change_nothing"),
     _mutant("hostile_manager_request_id_unchecked", request_id_unchecked, SILENT),
     _mutant("hostile_uncached_coordinator_keys_counts", uncached_coordinator_keys_counts,
-            "PrefixCachingNotSupported"),
-    _mutant("hostile_mamba_shapes_coerced", mamba_shapes_coerced, SILENT),
-    _mutant("hostile_config_sequences_unchecked", config_sequences_unchecked, UNTYPED),
+            "PrefixCachingNotSupported",
+            "test_uncached_coordinator_cache_blocks_refuses_before_any_group_changes"),
+    _mutant("hostile_mamba_shapes_coerced", mamba_shapes_coerced, SILENT,
+            "test_spec_constructors_refuse_bad_fields"),
+    _mutant("hostile_config_sequences_unchecked", config_sequences_unchecked, UNTYPED,
+            "test_config_classes_and_converters_refuse_bad_values"),
     _mutant("hostile_lookup_trusts_the_request", lookup_trusts_the_request,
             "manager.get_computed_blocks("),
     _mutant("hostile_manager_refusal_names_nothing", refusal_names_nothing, UNNAMED),
