@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import SupportsIndex
 
-from kvspec.impl.block_pool import BlockPool, new_pool
+from kvspec.impl.block_pool import new_pool
 from kvspec.impl.checks import (
     MAX_NUM_TOKENS,
     Flag,
