@@ -9,6 +9,9 @@ STAMP := $(VENV)/.kvspec-installed
 COMPILED := build/.kvspec-compiled
 VLLM ?= 0.13.0
 VLLM_PYTHON ?=
+# One setuptools build in the source tree at a time: .venv's and the vLLM envs' editable installs
+# and the tests that build a wheel all write kvspec.egg-info and build/ (tests/tree_build.py).
+TREE_LOCK := $(if $(shell command -v flock),flock build/.tree-build.lock,)
 CROSSHAIR_TIMEOUT ?= 4
 # Modules whose PEP 316 contracts CrossHair checks in `make check`.
 CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.conformance.pool_programs kvspec.spec.hashing \
@@ -16,7 +19,7 @@ CROSSHAIR_TARGETS ?= kvspec.spec.pool kvspec.conformance.pool_programs kvspec.sp
 	kvspec.spec.free_queue kvspec.spec.hash_map kvspec.spec.eviction kvspec.spec.events \
 	kvspec.spec.offload kvspec.conformance.offload_programs
 
-.PHONY: setup compile wheel audit audit-vllm test test-pure check mutants bench vllm-env vllm-tests \
+.PHONY: setup compile wheel audit audit-vllm test test-pure check typecheck crosshair mutants bench vllm-env vllm-tests \
 	vllm-loop vllm-check clean
 
 setup: $(STAMP) $(COMPILED)
@@ -26,7 +29,8 @@ setup: $(STAMP) $(COMPILED)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
-	KVSPEC_PURE_PYTHON=1 $(PY) -m pip install --quiet -e '.[dev]'  # mypyc: the next step, in place
+	@mkdir -p build
+	KVSPEC_PURE_PYTHON=1 $(TREE_LOCK) $(PY) -m pip install --quiet -e '.[dev]'  # mypyc: next
 	@touch $(STAMP)
 
 # impl/'s hot modules compiled with mypyc (about two minutes); KVSPEC_PURE_PYTHON=1 skips it.
@@ -59,13 +63,18 @@ test-pure: setup
 	KVSPEC_PURE_PYTHON=1 $(PY) -m pytest -n auto tests/test_pool_machine.py \
 		tests/test_manager_machine.py tests/hostile
 
-check: setup
+check: typecheck crosshair
+
+typecheck: setup
 	@# mypy reads the package as the wheel lays it out (scripts/package_view.py); its messages
 	@# name the repository's files.
 	@$(PY) scripts/package_view.py > /dev/null
 	set -o pipefail; MYPYPATH=build/view $(PY) -m mypy --strict build/view/kvspec tests benchmarks \
 		scripts | $(PY) scripts/package_view.py --unview
 	$(PY) -m ruff check .
+
+# One core for about six minutes (docs/development.md).
+crosshair: setup
 	$(PY) -m crosshair check --analysis_kind=PEP316 --per_condition_timeout=$(CROSSHAIR_TIMEOUT) \
 		--max_uninteresting_iterations=64 $(CROSSHAIR_TARGETS)
 

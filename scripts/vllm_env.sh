@@ -92,7 +92,12 @@ install_kvspec() {
     step "installing kvspec (editable, --no-deps) from $REPO_ROOT"
     rm -f "$site_packages/kvspec-repo-root.pth"  # how earlier builds put the repo on the path
     # KVSPEC_PURE_PYTHON=1: no mypyc build here; the checkout's own (make setup) is used.
+    # One build in the source tree at a time (tests/tree_build.py says why).
+    mkdir -p "$REPO_ROOT/build"
+    exec 9> "$REPO_ROOT/build/.tree-build.lock"
+    if command -v flock > /dev/null; then flock 9; fi
     KVSPEC_PURE_PYTHON=1 pip_install --quiet --no-deps -e "$REPO_ROOT"
+    exec 9>&-
 }
 
 check_env() {
