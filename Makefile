@@ -110,8 +110,8 @@ vllm-loop: vllm-env
 # tests that compare with vLLM when its environment exists (hash bytes, event bytes, planning,
 # the plugin loaded by vLLM's own loader); make test skips those without it.
 vllm-check: setup vllm-loop
-	$(PY) -m pytest tests/test_hashing.py tests/test_kv_events.py tests/test_kv_cache_planning.py \
-		tests/test_vllm_plugin.py
+	$(PY) -m pytest tests/test_hashing.py tests/test_kv_events.py tests/test_kv_events_033.py \
+		tests/test_kv_cache_planning.py tests/test_vllm_plugin.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .hypothesis .mypy_cache .ruff_cache

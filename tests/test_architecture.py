@@ -212,22 +212,14 @@ def test_benchmarks_import_nothing_from_tests() -> None:
     assert offenders == []
 
 
-
-# Each impl module's tests are found by its name: tests/test_<module>.py for impl/<module>.py and
-# for impl/kv_offload/<module>.py (a package's __init__ aside).
-# PENDING, for now: modules whose tests other branches of issue 28 are moving to their names
-# (the pool and its events, the manager stack). Shrink this list to empty as they merge.
-TESTS_BY_NAME_PENDING = frozenset({
-    "block_pool", "kv_events",
-})
-
-
 def test_each_impl_module_has_its_test_file() -> None:
+    """Each impl module's tests are found by its name: tests/test_<module>.py for
+    impl/<module>.py and for impl/kv_offload/<module>.py (a package's __init__ aside)."""
     stems = {MODULES[m].stem for m in MODULES if _layer(m) == "impl"} - {"__init__"}
-    assert sorted(TESTS_BY_NAME_PENDING - stems) == [], "not modules any more: off the list"
-    missing = sorted(f"tests/test_{stem}.py" for stem in stems - TESTS_BY_NAME_PENDING
+    missing = sorted(f"tests/test_{stem}.py" for stem in stems
                      if not (ROOT / "tests" / f"test_{stem}.py").is_file())
     assert missing == []
+
 
 ATTRIBUTE_FUNCTIONS = frozenset({"getattr", "hasattr", "setattr", "delattr"})
 

@@ -1,7 +1,7 @@
 """vLLM 0.33's hashing and events: bugs in the fixed-seed root, lookahead hashing, the coarse
 view, the map-encoded wire, and the copies a router counts, each caught by a check of
-spec/hashing.py's or spec/events.py's (through tests/test_hashing.py, tests/test_kv_events.py and
-the pool machine)."""
+spec/hashing.py's or spec/events.py's (through tests/test_hashing.py, tests/test_kv_events_033.py
+and the pool machine)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kvspec.impl.block_pool import BlockPool
 from tests.mutants import Mutant, replace
 
 HASHING = "tests/test_hashing.py"
-EVENTS = "tests/test_kv_events.py"
+EVENTS = "tests/test_kv_events_033.py"
 MACHINE = ("tests/test_pool_machine.py",)
 
 

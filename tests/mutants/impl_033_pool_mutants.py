@@ -1,7 +1,7 @@
 """impl's vLLM 0.33 pool mutants: bugs planted into ``BlockPool033`` (impl/block_pool_033.py,
 what ``BlockPool(vllm_api="0.33")`` builds).
 
-Each is killed by the 0.33 examples in tests/test_block_pool.py (the test named in
+Each is killed by the 0.33 examples in tests/test_block_pool_033.py (the test named in
 ``killed_by``), which also check the 0.33 part of the pool's representation invariant.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from kvspec.impl.block_pool_033 import BlockPool033
 from tests.mutants import Mutant, replace
 
-CHECKER = ("tests/test_block_pool.py",)
+CHECKER = ("tests/test_block_pool_033.py",)
 
 
 def free_033_all_to_tail() -> None:
