@@ -3,8 +3,9 @@
 setuptools builds in the tree (``build/``, ``kvspec.egg-info``), so two builds at once trip
 over each other's files ("File exists: build/bdist.linux-x86_64/wheel/...dist-info"), the
 more often the slower the machine, as the builds then overlap for longer. Tests that build
-(a wheel, a PEP 517 hook) hold this lock, a file lock under ``build/``, while they do; so do the editable installs of
-kvspec into .venv (Makefile) and into the vLLM environments (scripts/vllm_env.sh).
+(a wheel, a PEP 517 hook) hold this lock, a file lock under ``build/``, while they do; so do
+the editable installs of kvspec into .venv (Makefile) and into the vLLM environments
+(scripts/vllm_env.sh).
 """
 
 from __future__ import annotations
