@@ -37,7 +37,7 @@ BUILD = ROOT / "build" / "mypyc"
 # these two, the pool layer and the managers above it, are about equal halves that compile
 # at once on two cores. Calls between groups go through mypyc's export tables instead of
 # direct C calls, and gcc cannot inline across them: the pool and manager benchmarks execute
-# within 0.4% of the one group's instructions (docs/benchmarks.md).
+# within 0.7% of the one group's instructions (docs/benchmarks.md, "Issue 28 as a whole").
 POOL_GROUP = "kvspec.impl.compiled_pool"
 POOL_GROUP_MODULES = ("kv_cache_blocks", "block_pool", "request_hasher")
 MANAGERS_GROUP = "kvspec.impl.compiled_managers"  # every other module of COMPILED_MODULES
